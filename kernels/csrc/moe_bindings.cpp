@@ -1,0 +1,19 @@
+// Schemas of the hintrl routing ops and the Python module stub of the CPU extension (kernels._C).
+// Implementations register per backend: moe_cpu.cpp (CPU), moe_cuda_ops.cpp (CUDA, kernels._cuda).
+#include <Python.h>
+#include <torch/library.h>
+
+TORCH_LIBRARY(hintrl, m) {
+  m.def("topk_gating(Tensor logits, int k, bool renorm, Tensor? forced_ids) -> (Tensor, Tensor)");
+  m.def("topk_gating_backward(Tensor grad_weights, Tensor logits, Tensor ids, bool renorm) -> Tensor");
+  m.def("expert_counts(Tensor ids, int num_experts, int block) -> (Tensor, Tensor)");
+  m.def("permute(Tensor x, Tensor ids, Tensor offsets, int block) -> (Tensor, Tensor)");
+  m.def("permute_backward(Tensor grad_x_sorted, Tensor pos) -> Tensor");
+  m.def("unpermute_combine(Tensor y_sorted, Tensor pos, Tensor weights) -> Tensor");
+  m.def("unpermute_combine_backward(Tensor grad_out, Tensor y_sorted, Tensor pos, Tensor weights) -> (Tensor, Tensor)");
+}
+
+extern "C" PyObject* PyInit__C(void) {
+  static struct PyModuleDef def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&def);
+}

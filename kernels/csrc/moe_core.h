@@ -1,0 +1,172 @@
+// Index logic of the MoE routing ops, shared verbatim by the CPU build (moe_cpu.cpp) and the CUDA
+// build (moe_cuda.cu): raw pointers, no torch types, so both compilers see the same code and the
+// CPU tests exercise what the GPU runs.
+//
+// Shape legend: T tokens, E experts, K routed slots per token, S = T*K slots (slot s = t*K + k),
+// D hidden width, C chunks of slots, P permuted rows (S plus block padding).
+//
+// Conventions the ops rely on:
+//  * top-k order: higher logit first, lower expert id on ties (so the result is deterministic and a
+//    stable descending sort in PyTorch reproduces it exactly);
+//  * an id outside [0, E) is a dropped slot (transformers' expert-parallel sentinel convention): it
+//    gets no row, position -1, and contributes zero;
+//  * permuted order is stable: rows of one expert keep increasing slot order.
+#pragma once
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define HINTRL_HD __host__ __device__ __forceinline__
+#else
+#define HINTRL_HD inline
+#include <cmath>
+#endif
+
+namespace hintrl {
+
+// Dtype conversion hook: the default cast suits float/double/c10 types; the CUDA file specialises it
+// for __half/__nv_bfloat16 because torch builds with their implicit conversions disabled.
+template <typename To, typename From>
+HINTRL_HD To cvt(From x) { return static_cast<To>(x); }
+
+HINTRL_HD double exp_acc(double x) { return exp(x); }
+HINTRL_HD float exp_acc(float x) { return expf(x); }
+
+HINTRL_HD bool ranks_before(double a, int ia, double b, int ib) {
+  return a > b || (a == b && ia < ib);
+}
+
+// One token row of top-k gating: softmax(logits_E) in acc_t, then either select the top K experts or
+// take forced_K (router replay) as given; w_K are the probabilities at the chosen ids, renormalised
+// over the K slots when asked. O(K*E) selection needs no scratch memory, which matters on the GPU.
+template <typename scalar_t, typename acc_t>
+HINTRL_HD void topk_gating_row(const scalar_t* logits_E, int E, int K, bool renorm,
+                               const int64_t* forced_K, acc_t* w_K, int64_t* ids_K) {
+  acc_t mx = cvt<acc_t>(logits_E[0]);
+  for (int e = 1; e < E; ++e) {
+    acc_t v = cvt<acc_t>(logits_E[e]);
+    mx = v > mx ? v : mx;
+  }
+  acc_t denom = 0;
+  for (int e = 0; e < E; ++e) denom += exp_acc(cvt<acc_t>(logits_E[e]) - mx);
+  int prev = -1;
+  acc_t prev_v = 0;
+  for (int k = 0; k < K; ++k) {
+    int best = -1;
+    acc_t best_v = 0;
+    if (forced_K != nullptr) {
+      best = static_cast<int>(forced_K[k]);
+      if (best < 0 || best >= E) {  // a dropped slot: no probability mass, no gradient
+        ids_K[k] = forced_K[k];
+        w_K[k] = 0;
+        continue;
+      }
+      best_v = cvt<acc_t>(logits_E[best]);
+    } else {
+      for (int e = 0; e < E; ++e) {
+        acc_t v = cvt<acc_t>(logits_E[e]);
+        bool after_prev = prev < 0 || ranks_before(prev_v, prev, v, e);
+        if (after_prev && (best < 0 || ranks_before(v, e, best_v, best))) { best = e; best_v = v; }
+      }
+      prev = best;
+      prev_v = best_v;
+    }
+    ids_K[k] = best;
+    w_K[k] = exp_acc(best_v - mx) / denom;
+  }
+  if (renorm) {
+    acc_t s = 0;
+    for (int k = 0; k < K; ++k) s += w_K[k];
+    for (int k = 0; k < K; ++k) w_K[k] /= s;
+  }
+}
+
+// Gradient of topk_gating_row w.r.t. the logits (ids are constants). With p = softmax(l) and
+// dp_k = dL/dp[id_k]: dL/dl_e = p_e * (sum_{k: id_k = e} dp_k - sum_k dp_k p[id_k]).
+template <typename scalar_t, typename acc_t>
+HINTRL_HD acc_t prob_at(const scalar_t* logits_E, int E, int64_t id, acc_t mx, acc_t denom) {
+  return (id < 0 || id >= E) ? acc_t(0) : exp_acc(cvt<acc_t>(logits_E[id]) - mx) / denom;
+}
+
+template <typename scalar_t, typename acc_t>
+HINTRL_HD void topk_gating_backward_row(const acc_t* gw_K, const scalar_t* logits_E, const int64_t* ids_K,
+                                        int E, int K, bool renorm, scalar_t* glogits_E) {
+  acc_t mx = cvt<acc_t>(logits_E[0]);
+  for (int e = 1; e < E; ++e) {
+    acc_t v = cvt<acc_t>(logits_E[e]);
+    mx = v > mx ? v : mx;
+  }
+  acc_t denom = 0;
+  for (int e = 0; e < E; ++e) denom += exp_acc(cvt<acc_t>(logits_E[e]) - mx);
+  acc_t psum = 0, gw_dot_w = 0;
+  for (int k = 0; k < K; ++k) psum += prob_at(logits_E, E, ids_K[k], mx, denom);
+  if (renorm)
+    for (int k = 0; k < K; ++k)
+      gw_dot_w += gw_K[k] * prob_at(logits_E, E, ids_K[k], mx, denom) / psum;
+  // c = sum_k dp_k p[id_k]
+  acc_t c = 0;
+  for (int k = 0; k < K; ++k) {
+    acc_t p = prob_at(logits_E, E, ids_K[k], mx, denom);
+    acc_t dp = renorm ? (gw_K[k] - gw_dot_w) / psum : gw_K[k];
+    c += dp * p;
+  }
+  for (int e = 0; e < E; ++e) {
+    acc_t p = exp_acc(cvt<acc_t>(logits_E[e]) - mx) / denom;
+    acc_t g = -c;
+    for (int k = 0; k < K; ++k)
+      if (ids_K[k] == e) g += renorm ? (gw_K[k] - gw_dot_w) / psum : gw_K[k];
+    glogits_E[e] = cvt<scalar_t>(p * g);
+  }
+}
+
+// Counting sort in three data-parallel passes over chunks of slots; hist_CE is row-major [C][E] and
+// zeroed by the caller. Pass 1: per-chunk histogram.
+HINTRL_HD void chunk_histogram(const int64_t* ids_S, int64_t begin, int64_t end, int E, int32_t* hist_E) {
+  for (int64_t s = begin; s < end; ++s) {
+    int64_t e = ids_S[s];
+    if (e >= 0 && e < E) hist_E[e] += 1;
+  }
+}
+
+// Pass 2a (one call per expert e): turn column e of hist_CE into an exclusive prefix over chunks,
+// and write the expert's total.
+HINTRL_HD void expert_prefix(int32_t* hist_CE, int64_t C, int E, int e, int32_t* counts_E) {
+  int32_t run = 0;
+  for (int64_t c = 0; c < C; ++c) {
+    int32_t h = hist_CE[c * E + e];
+    hist_CE[c * E + e] = run;
+    run += h;
+  }
+  counts_E[e] = run;
+}
+
+// Pass 2b (serial, E is small): offsets_E1[e] is where expert e's rows start; each group is padded
+// up to a multiple of block so block-tiled GEMMs never straddle two experts.
+HINTRL_HD void offsets_from_counts(const int32_t* counts_E, int E, int block, int32_t* offsets_E1) {
+  int32_t run = 0;
+  offsets_E1[0] = 0;
+  for (int e = 0; e < E; ++e) {
+    run += (counts_E[e] + block - 1) / block * block;
+    offsets_E1[e + 1] = run;
+  }
+}
+
+// Pass 3: walk the chunk in slot order again and hand out rows; scanning in order is what makes the
+// permutation stable without a sort. base_E is this chunk's row of the prefixed hist_CE.
+HINTRL_HD void chunk_positions(const int64_t* ids_S, int64_t begin, int64_t end, int E,
+                               const int32_t* offsets_E1, int32_t* base_E, int64_t* pos_S) {
+  for (int64_t s = begin; s < end; ++s) {
+    int64_t e = ids_S[s];
+    if (e >= 0 && e < E) {
+      pos_S[s] = offsets_E1[e] + base_E[e];
+      base_E[e] += 1;
+    } else {
+      pos_S[s] = -1;
+    }
+  }
+}
+
+// Largest P the ops may need: every expert can waste block-1 padding rows. Static, so the fake
+// (meta) implementations know output shapes without looking at data.
+HINTRL_HD int64_t permuted_rows(int64_t S, int E, int block) { return S + int64_t(E) * (block - 1); }
+
+}  // namespace hintrl

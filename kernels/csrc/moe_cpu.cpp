@@ -1,0 +1,275 @@
+// CPU implementation of the hintrl MoE routing ops: shape/dtype checks, then the index logic of
+// moe_core.h driven by at::parallel_for. Schemas live in moe_bindings.cpp.
+// Shape legend: see moe_core.h (T, E, K, S = T*K, D, C, P).
+#include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <vector>
+
+#include "moe_core.h"
+
+namespace hintrl {
+namespace {
+
+void check_ids(const at::Tensor& ids_TK, const char* what) {
+  TORCH_CHECK(ids_TK.dim() == 2, what, ": expected ids of shape (T, K), got ", ids_TK.sizes());
+  TORCH_CHECK(ids_TK.scalar_type() == at::kLong, what, ": ids must be int64, got ", ids_TK.scalar_type());
+}
+
+void check_cpu(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.device().is_cpu(), what, ": the CPU kernel got a tensor on ", t.device());
+}
+
+at::ScalarType acc_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+// Slots per chunk: large enough to amortise the per-chunk histogram row, small enough that each
+// thread gets several chunks.
+int64_t num_chunks(int64_t S) {
+  int64_t threads = at::get_num_threads();
+  return std::max<int64_t>(1, std::min<int64_t>(S / 256 + 1, 4 * threads));
+}
+
+std::tuple<at::Tensor, at::Tensor> topk_gating_cpu(const at::Tensor& logits_TE, int64_t k, bool renorm,
+                                                  const std::optional<at::Tensor>& forced_TK) {
+  TORCH_CHECK(logits_TE.dim() == 2, "topk_gating: logits must be (T, E), got ", logits_TE.sizes());
+  check_cpu(logits_TE, "topk_gating");
+  const int64_t T = logits_TE.size(0), E = logits_TE.size(1);
+  TORCH_CHECK(k >= 1 && k <= E, "topk_gating: need 1 <= k <= E, got k=", k, " E=", E);
+  at::Tensor logits = logits_TE.contiguous();
+  at::Tensor forced;
+  if (forced_TK.has_value()) {
+    forced = forced_TK->contiguous();
+    check_ids(forced, "topk_gating(forced_ids)");
+    check_cpu(forced, "topk_gating");
+    TORCH_CHECK(forced.size(0) == T && forced.size(1) == k, "topk_gating: forced_ids must be (T, k) = (", T, ", ",
+                k, "), got ", forced.sizes());
+  }
+  auto w_TK = at::empty({T, k}, logits.options().dtype(acc_type(logits.scalar_type())));
+  auto ids_TK = at::empty({T, k}, logits.options().dtype(at::kLong));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "topk_gating_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* l = logits.data_ptr<scalar_t>();
+    const int64_t* f = forced.defined() ? forced.data_ptr<int64_t>() : nullptr;
+    acc_t* w = w_TK.data_ptr<acc_t>();
+    int64_t* ids = ids_TK.data_ptr<int64_t>();
+    at::parallel_for(0, T, 64, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t)
+        topk_gating_row<scalar_t, acc_t>(l + t * E, E, k, renorm, f ? f + t * k : nullptr, w + t * k, ids + t * k);
+    });
+  });
+  return {w_TK, ids_TK};
+}
+
+at::Tensor topk_gating_backward_cpu(const at::Tensor& grad_w_TK, const at::Tensor& logits_TE,
+                                    const at::Tensor& ids_TK, bool renorm) {
+  check_cpu(logits_TE, "topk_gating_backward");
+  check_ids(ids_TK, "topk_gating_backward");
+  const int64_t T = logits_TE.size(0), E = logits_TE.size(1), K = ids_TK.size(1);
+  at::Tensor logits = logits_TE.contiguous(), ids = ids_TK.contiguous();
+  at::Tensor gw = grad_w_TK.to(acc_type(logits.scalar_type())).contiguous();
+  auto glogits_TE = at::empty_like(logits);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "topk_gating_backward_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* l = logits.data_ptr<scalar_t>();
+    const acc_t* g = gw.data_ptr<acc_t>();
+    const int64_t* i = ids.data_ptr<int64_t>();
+    scalar_t* out = glogits_TE.data_ptr<scalar_t>();
+    at::parallel_for(0, T, 64, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t)
+        topk_gating_backward_row<scalar_t, acc_t>(g + t * K, l + t * E, i + t * K, E, K, renorm, out + t * E);
+    });
+  });
+  return glogits_TE;
+}
+
+// Histogram + per-expert prefix over chunks; leaves hist_CE holding each chunk's first row per expert.
+void count_chunks(const int64_t* ids, int64_t S, int64_t E, int64_t C, int32_t* hist_CE, int32_t* counts_E) {
+  const int64_t per = (S + C - 1) / C;
+  at::parallel_for(0, C, 1, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c)
+      chunk_histogram(ids, std::min(S, c * per), std::min(S, (c + 1) * per), E, hist_CE + c * E);
+  });
+  for (int64_t e = 0; e < E; ++e) expert_prefix(hist_CE, C, E, e, counts_E);
+}
+
+std::tuple<at::Tensor, at::Tensor> expert_counts_cpu(const at::Tensor& ids_TK, int64_t E, int64_t block) {
+  check_ids(ids_TK, "expert_counts");
+  check_cpu(ids_TK, "expert_counts");
+  TORCH_CHECK(E >= 1 && block >= 1, "expert_counts: need num_experts >= 1 and block >= 1");
+  at::Tensor ids = ids_TK.contiguous();
+  const int64_t S = ids.numel();
+  auto counts_E = at::empty({E}, ids.options().dtype(at::kInt));
+  auto offsets_E1 = at::empty({E + 1}, ids.options().dtype(at::kInt));
+  const int64_t C = num_chunks(S);
+  std::vector<int32_t> hist(C * E, 0);
+  count_chunks(ids.data_ptr<int64_t>(), S, E, C, hist.data(), counts_E.data_ptr<int32_t>());
+  offsets_from_counts(counts_E.data_ptr<int32_t>(), E, block, offsets_E1.data_ptr<int32_t>());
+  return {counts_E, offsets_E1};
+}
+
+std::tuple<at::Tensor, at::Tensor> permute_cpu(const at::Tensor& x_TD, const at::Tensor& ids_TK,
+                                               const at::Tensor& offsets_E1, int64_t block) {
+  check_ids(ids_TK, "permute");
+  check_cpu(x_TD, "permute");
+  check_cpu(ids_TK, "permute");
+  TORCH_CHECK(x_TD.dim() == 2 && x_TD.size(0) == ids_TK.size(0), "permute: x must be (T, D) with T = ids.size(0)");
+  TORCH_CHECK(offsets_E1.dim() == 1 && offsets_E1.scalar_type() == at::kInt && offsets_E1.size(0) >= 2,
+              "permute: offsets must be int32 of shape (E+1,)");
+  at::Tensor x = x_TD.contiguous(), ids = ids_TK.contiguous(), offsets = offsets_E1.contiguous();
+  const int64_t T = x.size(0), D = x.size(1), K = ids.size(1), S = T * K, E = offsets.size(0) - 1;
+  const int64_t P = permuted_rows(S, E, block);
+  const int32_t* off = offsets.data_ptr<int32_t>();
+  TORCH_CHECK(off[E] <= P, "permute: offsets do not match ids/block (offsets[-1]=", off[E], " > ", P, ")");
+  auto pos_TK = at::empty({T, K}, ids.options());
+  const int64_t C = num_chunks(S);
+  std::vector<int32_t> hist(C * E, 0), counts(E);
+  const int64_t* idp = ids.data_ptr<int64_t>();
+  count_chunks(idp, S, E, C, hist.data(), counts.data());
+  int64_t* pos = pos_TK.data_ptr<int64_t>();
+  const int64_t per = (S + C - 1) / C;
+  at::parallel_for(0, C, 1, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c)
+      chunk_positions(idp, std::min(S, c * per), std::min(S, (c + 1) * per), E, off, hist.data() + c * E, pos);
+  });
+  // Row -> slot map, so every output row (padding included) is written exactly once.
+  std::vector<int64_t> src_P(P, -1);
+  for (int64_t s = 0; s < S; ++s)
+    if (pos[s] >= 0) src_P[pos[s]] = s;
+  auto xs_PD = at::empty({P, D}, x.options());
+  const int64_t row_bytes = D * x.element_size();
+  const char* xp = static_cast<const char*>(x.data_ptr());
+  char* out = static_cast<char*>(xs_PD.data_ptr());
+  at::parallel_for(0, P, 16, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      if (src_P[r] >= 0) std::memcpy(out + r * row_bytes, xp + (src_P[r] / K) * row_bytes, row_bytes);
+      else std::memset(out + r * row_bytes, 0, row_bytes);
+    }
+  });
+  return {xs_PD, pos_TK};
+}
+
+at::Tensor permute_backward_cpu(const at::Tensor& grad_xs_PD, const at::Tensor& pos_TK) {
+  check_cpu(grad_xs_PD, "permute_backward");
+  check_ids(pos_TK, "permute_backward");
+  at::Tensor g = grad_xs_PD.contiguous(), pos = pos_TK.contiguous();
+  const int64_t T = pos.size(0), K = pos.size(1), D = g.size(1);
+  auto gx_TD = at::empty({T, D}, g.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, g.scalar_type(), "permute_backward_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* gp = g.data_ptr<scalar_t>();
+    const int64_t* pp = pos.data_ptr<int64_t>();
+    scalar_t* out = gx_TD.data_ptr<scalar_t>();
+    at::parallel_for(0, T, 8, [&](int64_t b, int64_t e) {
+      std::vector<acc_t> acc(D);
+      for (int64_t t = b; t < e; ++t) {
+        std::fill(acc.begin(), acc.end(), acc_t(0));
+        for (int64_t k = 0; k < K; ++k) {
+          const int64_t p = pp[t * K + k];
+          if (p < 0) continue;
+          const scalar_t* row = gp + p * D;
+          for (int64_t d = 0; d < D; ++d) acc[d] += static_cast<acc_t>(row[d]);
+        }
+        for (int64_t d = 0; d < D; ++d) out[t * D + d] = static_cast<scalar_t>(acc[d]);
+      }
+    });
+  });
+  return gx_TD;
+}
+
+at::Tensor unpermute_combine_cpu(const at::Tensor& ys_PD, const at::Tensor& pos_TK, const at::Tensor& w_TK) {
+  check_cpu(ys_PD, "unpermute_combine");
+  check_ids(pos_TK, "unpermute_combine");
+  TORCH_CHECK(w_TK.sizes() == pos_TK.sizes(), "unpermute_combine: weights ", w_TK.sizes(), " != pos ", pos_TK.sizes());
+  TORCH_CHECK(ys_PD.dim() == 2, "unpermute_combine: ys must be (P, D)");
+  at::Tensor ys = ys_PD.contiguous(), pos = pos_TK.contiguous();
+  const int64_t T = pos.size(0), K = pos.size(1), D = ys.size(1);
+  at::Tensor w = w_TK.to(acc_type(ys.scalar_type())).contiguous();
+  auto out_TD = at::empty({T, D}, ys.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, ys.scalar_type(), "unpermute_combine_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* yp = ys.data_ptr<scalar_t>();
+    const int64_t* pp = pos.data_ptr<int64_t>();
+    const acc_t* wp = w.data_ptr<acc_t>();
+    scalar_t* out = out_TD.data_ptr<scalar_t>();
+    at::parallel_for(0, T, 8, [&](int64_t b, int64_t e) {
+      std::vector<acc_t> acc(D);
+      for (int64_t t = b; t < e; ++t) {
+        std::fill(acc.begin(), acc.end(), acc_t(0));
+        for (int64_t k = 0; k < K; ++k) {
+          const int64_t p = pp[t * K + k];
+          if (p < 0) continue;
+          const acc_t wk = wp[t * K + k];
+          const scalar_t* row = yp + p * D;
+          for (int64_t d = 0; d < D; ++d) acc[d] += wk * static_cast<acc_t>(row[d]);
+        }
+        for (int64_t d = 0; d < D; ++d) out[t * D + d] = static_cast<scalar_t>(acc[d]);
+      }
+    });
+  });
+  return out_TD;
+}
+
+std::tuple<at::Tensor, at::Tensor> unpermute_combine_backward_cpu(const at::Tensor& grad_out_TD, const at::Tensor& ys_PD,
+                                                                  const at::Tensor& pos_TK, const at::Tensor& w_TK) {
+  check_cpu(ys_PD, "unpermute_combine_backward");
+  check_ids(pos_TK, "unpermute_combine_backward");
+  at::Tensor ys = ys_PD.contiguous(), pos = pos_TK.contiguous(), g = grad_out_TD.to(ys.scalar_type()).contiguous();
+  const int64_t T = pos.size(0), K = pos.size(1), D = ys.size(1), P = ys.size(0);
+  at::Tensor w = w_TK.to(acc_type(ys.scalar_type())).contiguous();
+  auto gys_PD = at::empty({P, D}, ys.options());
+  auto gw_TK = at::empty({T, K}, w.options());
+  // Rows no slot points at (padding, dropped slots) must read as zero gradient.
+  std::vector<uint8_t> covered(P, 0);
+  const int64_t* pp = pos.data_ptr<int64_t>();
+  for (int64_t s = 0; s < T * K; ++s)
+    if (pp[s] >= 0) covered[pp[s]] = 1;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, ys.scalar_type(), "unpermute_combine_backward_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const scalar_t* yp = ys.data_ptr<scalar_t>();
+    const scalar_t* gp = g.data_ptr<scalar_t>();
+    const acc_t* wp = w.data_ptr<acc_t>();
+    scalar_t* gyp = gys_PD.data_ptr<scalar_t>();
+    acc_t* gwp = gw_TK.data_ptr<acc_t>();
+    at::parallel_for(0, P, 64, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r)
+        if (!covered[r]) std::fill(gyp + r * D, gyp + (r + 1) * D, scalar_t(0));
+    });
+    at::parallel_for(0, T, 8, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const scalar_t* grow = gp + t * D;
+        for (int64_t k = 0; k < K; ++k) {
+          const int64_t p = pp[t * K + k];
+          if (p < 0) { gwp[t * K + k] = 0; continue; }
+          const acc_t wk = wp[t * K + k];
+          const scalar_t* yrow = yp + p * D;
+          scalar_t* gyrow = gyp + p * D;
+          acc_t dot = 0;
+          for (int64_t d = 0; d < D; ++d) {
+            const acc_t gd = static_cast<acc_t>(grow[d]);
+            dot += gd * static_cast<acc_t>(yrow[d]);
+            gyrow[d] = static_cast<scalar_t>(wk * gd);
+          }
+          gwp[t * K + k] = dot;
+        }
+      }
+    });
+  });
+  return {gys_PD, gw_TK};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(hintrl, CPU, m) {
+  m.impl("topk_gating", &topk_gating_cpu);
+  m.impl("topk_gating_backward", &topk_gating_backward_cpu);
+  m.impl("expert_counts", &expert_counts_cpu);
+  m.impl("permute", &permute_cpu);
+  m.impl("permute_backward", &permute_backward_cpu);
+  m.impl("unpermute_combine", &unpermute_combine_cpu);
+  m.impl("unpermute_combine_backward", &unpermute_combine_backward_cpu);
+}
+
+}  // namespace hintrl
