@@ -1,0 +1,230 @@
+// CUDA kernels of the hintrl routing ops. Index logic comes from moe_core.h (also compiled for the
+// CPU and tested there); this file adds the thread mapping. No ATen headers here on purpose.
+// Shape legend: see moe_core.h.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "moe_core.h"
+#include "moe_cuda_launch.h"
+
+namespace hintrl {
+
+// torch compiles with __CUDA_NO_{HALF,BFLOAT16}_CONVERSIONS__, so spell the conversions out.
+template <> __host__ __device__ __forceinline__ float cvt<float, __half>(__half x) { return __half2float(x); }
+template <> __host__ __device__ __forceinline__ __half cvt<__half, float>(float x) { return __float2half(x); }
+template <> __host__ __device__ __forceinline__ float cvt<float, __nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+template <> __host__ __device__ __forceinline__ __nv_bfloat16 cvt<__nv_bfloat16, float>(float x) {
+  return __float2bfloat16(x);
+}
+
+namespace {
+
+template <typename T> struct Acc { using type = float; };
+template <> struct Acc<double> { using type = double; };
+
+#define HINTRL_DISPATCH(dt, ...)                                   \
+  switch (dt) {                                                    \
+    case Dtype::F32: { using scalar_t = float; __VA_ARGS__; break; }      \
+    case Dtype::F64: { using scalar_t = double; __VA_ARGS__; break; }     \
+    case Dtype::F16: { using scalar_t = __half; __VA_ARGS__; break; }     \
+    case Dtype::BF16: { using scalar_t = __nv_bfloat16; __VA_ARGS__; break; } \
+  }
+
+constexpr int kThreads = 256;
+int64_t blocks_for(int64_t n) { return (n + kThreads - 1) / kThreads; }
+
+// One thread per token row: E is at most a few hundred, and the row loop is the same code the CPU
+// runs, so a warp-per-row kernel is left for when profiling says gating matters.
+template <typename scalar_t>
+__global__ void topk_gating_kernel(const scalar_t* logits, int64_t T, int E, int K, bool renorm,
+                                   const int64_t* forced, typename Acc<scalar_t>::type* w, int64_t* ids) {
+  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (t >= T) return;
+  topk_gating_row<scalar_t, typename Acc<scalar_t>::type>(logits + t * E, E, K, renorm,
+                                                          forced ? forced + t * K : nullptr, w + t * K, ids + t * K);
+}
+
+template <typename scalar_t>
+__global__ void topk_gating_backward_kernel(const typename Acc<scalar_t>::type* gw, const scalar_t* logits,
+                                            const int64_t* ids, int64_t T, int E, int K, bool renorm,
+                                            scalar_t* glogits) {
+  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (t >= T) return;
+  topk_gating_backward_row<scalar_t, typename Acc<scalar_t>::type>(gw + t * K, logits + t * E, ids + t * K, E, K,
+                                                                   renorm, glogits + t * E);
+}
+
+__global__ void histogram_kernel(const int64_t* ids, int64_t S, int64_t C, int E, int32_t* hist) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  const int64_t b = c * kCudaChunk, e = b + kCudaChunk < S ? b + kCudaChunk : S;
+  chunk_histogram(ids, b, e, E, hist + c * E);
+}
+
+__global__ void prefix_kernel(int32_t* hist, int64_t C, int E, int32_t* counts) {
+  const int e = blockIdx.x * blockDim.x + threadIdx.x;
+  if (e < E) expert_prefix(hist, C, E, e, counts);
+}
+
+__global__ void offsets_kernel(const int32_t* counts, int E, int block, int32_t* offsets) {
+  offsets_from_counts(counts, E, block, offsets);
+}
+
+__global__ void positions_kernel(const int64_t* ids, int64_t S, int64_t C, int E, const int32_t* offsets,
+                                 int32_t* hist, int64_t* pos, int64_t* src) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  const int64_t b = c * kCudaChunk, e = b + kCudaChunk < S ? b + kCudaChunk : S;
+  chunk_positions(ids, b, e, E, offsets, hist + c * E, pos);
+  for (int64_t s = b; s < e; ++s)
+    if (pos[s] >= 0) src[pos[s]] = s;
+}
+
+// Row copies move 16-byte words when the row allows it: these two kernels are bandwidth-bound.
+template <typename scalar_t>
+__global__ void gather_rows_kernel(const scalar_t* x, const int64_t* src, int K, int64_t D, bool vec, scalar_t* xs) {
+  const int64_t r = blockIdx.x;
+  const int64_t s = src[r];
+  if (vec) {
+    const int64_t n = D * sizeof(scalar_t) / 16;
+    uint4* out = reinterpret_cast<uint4*>(xs + r * D);
+    if (s < 0) {
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[i] = make_uint4(0, 0, 0, 0);
+    } else {
+      const uint4* in = reinterpret_cast<const uint4*>(x + (s / K) * D);
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[i] = in[i];
+    }
+    return;
+  }
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x)
+    xs[r * D + d] = s < 0 ? cvt<scalar_t>(typename Acc<scalar_t>::type(0)) : x[(s / K) * D + d];
+}
+
+template <typename scalar_t>
+__global__ void permute_backward_kernel(const scalar_t* g, const int64_t* pos, int K, int64_t D, scalar_t* gx) {
+  using acc_t = typename Acc<scalar_t>::type;
+  const int64_t t = blockIdx.x;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    acc_t acc = 0;
+    for (int k = 0; k < K; ++k) {
+      const int64_t p = pos[t * K + k];
+      if (p >= 0) acc += cvt<acc_t>(g[p * D + d]);
+    }
+    gx[t * D + d] = cvt<scalar_t>(acc);
+  }
+}
+
+template <typename scalar_t>
+__global__ void combine_kernel(const scalar_t* ys, const int64_t* pos, const typename Acc<scalar_t>::type* w,
+                               int K, int64_t D, scalar_t* out) {
+  using acc_t = typename Acc<scalar_t>::type;
+  const int64_t t = blockIdx.x;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    acc_t acc = 0;
+    for (int k = 0; k < K; ++k) {
+      const int64_t p = pos[t * K + k];
+      if (p >= 0) acc += w[t * K + k] * cvt<acc_t>(ys[p * D + d]);
+    }
+    out[t * D + d] = cvt<scalar_t>(acc);
+  }
+}
+
+// One block per token: each thread covers a strided slice of D, partial dot products for the
+// weight gradients are reduced through shared memory, one slot at a time.
+template <typename scalar_t>
+__global__ void combine_backward_kernel(const scalar_t* g, const scalar_t* ys, const int64_t* pos,
+                                        const typename Acc<scalar_t>::type* w, int K, int64_t D, scalar_t* gys,
+                                        typename Acc<scalar_t>::type* gw) {
+  using acc_t = typename Acc<scalar_t>::type;
+  __shared__ acc_t partial[kThreads];
+  const int64_t t = blockIdx.x;
+  for (int k = 0; k < K; ++k) {
+    const int64_t p = pos[t * K + k];
+    acc_t dot = 0;
+    if (p >= 0) {
+      const acc_t wk = w[t * K + k];
+      for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+        const acc_t gd = cvt<acc_t>(g[t * D + d]);
+        dot += gd * cvt<acc_t>(ys[p * D + d]);
+        gys[p * D + d] = cvt<scalar_t>(wk * gd);
+      }
+    }
+    partial[threadIdx.x] = dot;
+    __syncthreads();
+    for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+      if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) gw[t * K + k] = partial[0];
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+void launch_topk_gating(Dtype dt, const void* logits, int64_t T, int E, int K, bool renorm, const int64_t* forced,
+                        void* w, int64_t* ids, cudaStream_t stream) {
+  if (T == 0) return;
+  HINTRL_DISPATCH(dt, topk_gating_kernel<scalar_t><<<blocks_for(T), kThreads, 0, stream>>>(
+                          static_cast<const scalar_t*>(logits), T, E, K, renorm, forced,
+                          static_cast<typename Acc<scalar_t>::type*>(w), ids));
+}
+
+void launch_topk_gating_backward(Dtype dt, const void* gw, const void* logits, const int64_t* ids, int64_t T, int E,
+                                 int K, bool renorm, void* glogits, cudaStream_t stream) {
+  if (T == 0) return;
+  HINTRL_DISPATCH(dt, topk_gating_backward_kernel<scalar_t><<<blocks_for(T), kThreads, 0, stream>>>(
+                          static_cast<const typename Acc<scalar_t>::type*>(gw), static_cast<const scalar_t*>(logits),
+                          ids, T, E, K, renorm, static_cast<scalar_t*>(glogits)));
+}
+
+void launch_expert_counts(const int64_t* ids, int64_t S, int E, int block, int32_t* hist, int32_t* counts,
+                          int32_t* offsets, cudaStream_t stream) {
+  const int64_t C = (S + kCudaChunk - 1) / kCudaChunk;
+  cudaMemsetAsync(hist, 0, sizeof(int32_t) * C * E, stream);
+  if (C > 0) histogram_kernel<<<blocks_for(C), kThreads, 0, stream>>>(ids, S, C, E, hist);
+  prefix_kernel<<<blocks_for(E), kThreads, 0, stream>>>(hist, C, E, counts);
+  offsets_kernel<<<1, 1, 0, stream>>>(counts, E, block, offsets);
+}
+
+void launch_permute(Dtype dt, const void* x, const int64_t* ids, int64_t T, int K, int64_t D, int E,
+                    const int32_t* offsets, int32_t* hist, int64_t* src, int64_t P, void* xs, int64_t* pos,
+                    cudaStream_t stream) {
+  const int64_t S = T * K, C = (S + kCudaChunk - 1) / kCudaChunk;
+  cudaMemsetAsync(src, 0xff, sizeof(int64_t) * P, stream);  // all -1: padding rows
+  if (C > 0) positions_kernel<<<blocks_for(C), kThreads, 0, stream>>>(ids, S, C, E, offsets, hist, pos, src);
+  if (P == 0 || D == 0) return;
+  // 16-byte words need 16-byte aligned rows: base pointers aligned and the row length a multiple.
+  const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(xs) % 16 == 0;
+  HINTRL_DISPATCH(dt, gather_rows_kernel<scalar_t><<<P, 128, 0, stream>>>(
+                          static_cast<const scalar_t*>(x), src, K, D,
+                          vec && (D * sizeof(scalar_t)) % 16 == 0, static_cast<scalar_t*>(xs)));
+}
+
+void launch_permute_backward(Dtype dt, const void* g, const int64_t* pos, int64_t T, int K, int64_t D, void* gx,
+                             cudaStream_t stream) {
+  if (T == 0 || D == 0) return;
+  HINTRL_DISPATCH(dt, permute_backward_kernel<scalar_t><<<T, 128, 0, stream>>>(
+                          static_cast<const scalar_t*>(g), pos, K, D, static_cast<scalar_t*>(gx)));
+}
+
+void launch_unpermute_combine(Dtype dt, const void* ys, const int64_t* pos, const void* w, int64_t T, int K,
+                              int64_t D, void* out, cudaStream_t stream) {
+  if (T == 0 || D == 0) return;
+  HINTRL_DISPATCH(dt, combine_kernel<scalar_t><<<T, 128, 0, stream>>>(
+                          static_cast<const scalar_t*>(ys), pos, static_cast<const typename Acc<scalar_t>::type*>(w),
+                          K, D, static_cast<scalar_t*>(out)));
+}
+
+void launch_unpermute_combine_backward(Dtype dt, const void* g, const void* ys, const int64_t* pos, const void* w,
+                                       int64_t T, int K, int64_t D, void* gys, void* gw, cudaStream_t stream) {
+  if (T == 0) return;
+  HINTRL_DISPATCH(dt, combine_backward_kernel<scalar_t><<<T, kThreads, 0, stream>>>(
+                          static_cast<const scalar_t*>(g), static_cast<const scalar_t*>(ys), pos,
+                          static_cast<const typename Acc<scalar_t>::type*>(w), K, D, static_cast<scalar_t*>(gys),
+                          static_cast<typename Acc<scalar_t>::type*>(gw)));
+}
+
+}  // namespace hintrl

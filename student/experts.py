@@ -1,0 +1,65 @@
+"""Our MoE experts forward for transformers, registered in its ExpertsInterface as "hintrl".
+
+Importing this module registers it (cheap: no model is built), after which any transformers MoE
+family whose experts class carries `@use_experts_implementation` (Qwen3Moe, Qwen2Moe, Mixtral, Olmoe,
+DeepseekV3, GptOss, ...) accepts `experts_implementation="hintrl"`, e.g.
+`AutoModelForCausalLM.from_config(cfg, experts_implementation="hintrl")`.
+
+The forward is: expert counts/offsets -> permute (stable, expert-sorted) -> grouped GEMM up ->
+gate/activation -> grouped GEMM down -> unpermute-combine (weighted sum of the k outputs, fp32
+accumulation), the routing steps running on kernels.ops. Router top-k stays in the model's router
+module; student.router_replay hooks it for recording and replaying routes.
+
+Shape legend: T tokens, D hidden, K routed slots per token, E experts, P permuted rows (= T*K here),
+F expert width (2F for fused gate/up).
+"""
+from __future__ import annotations
+
+import torch
+from transformers.integrations.moe import ExpertsInterface
+
+from kernels import ops
+
+NAME = "hintrl"
+
+
+def _expert_of_row(offsets_E1: torch.Tensor, num_rows: int) -> torch.Tensor:
+    # Only biased experts need it; searchsorted avoids the host sync repeat_interleave would cost.
+    rows_P = torch.arange(num_rows, device=offsets_E1.device, dtype=offsets_E1.dtype)
+    return torch.searchsorted(offsets_E1[1:], rows_P, right=True).clamp(max=offsets_E1.numel() - 2)
+
+
+def _linear(self, xs_PI: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+            offsets_E1: torch.Tensor) -> torch.Tensor:
+    # transformers stores expert weights as (E, out, in) unless the class says is_transposed.
+    w_EIO = w if self.is_transposed else w.transpose(-2, -1)
+    out_PO = ops.grouped_mm(xs_PI, w_EIO, offsets_E1)
+    if bias is not None:
+        out_PO = out_PO + bias[_expert_of_row(offsets_E1, out_PO.size(0))]
+    return out_PO
+
+
+def hintrl_experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                           top_k_weights: torch.Tensor) -> torch.Tensor:
+    """ExpertsInterface signature: (module, hidden_states_TD, top_k_index_TK, top_k_weights_TK) -> out_TD."""
+    x_TD = hidden_states
+    ids_TK = top_k_index.to(torch.long)
+    _counts_E, offsets_E1 = ops.expert_counts(ids_TK, self.num_experts)
+    xs_PD, pos_TK = ops.permute(x_TD, ids_TK, offsets_E1)
+    if self.has_gate:
+        h_PF = _linear(self, xs_PD, self.gate_up_proj, getattr(self, "gate_up_proj_bias", None) if self.has_bias
+                       else None, offsets_E1)
+        h_PF = self._apply_gate(h_PF)
+    else:
+        h_PF = _linear(self, xs_PD, self.up_proj, getattr(self, "up_proj_bias", None) if self.has_bias else None,
+                       offsets_E1)
+        h_PF = self.act_fn(h_PF)
+    ys_PD = _linear(self, h_PF, self.down_proj, getattr(self, "down_proj_bias", None) if self.has_bias else None,
+                    offsets_E1)
+    if self.has_post_expert_norm:
+        ys_PD = self.post_expert_norm(ys_PD)
+    out_TD = ops.unpermute_combine(ys_PD.to(x_TD.dtype), pos_TK, top_k_weights)
+    return out_TD
+
+
+ExpertsInterface.register(NAME, hintrl_experts_forward)
