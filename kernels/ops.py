@@ -85,11 +85,17 @@ def unpermute_combine(ys_PD: torch.Tensor, pos_TK: torch.Tensor, w_TK: torch.Ten
 _NATIVE_GROUPED_MM = getattr(torch.nn.functional, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
 
+def _aligned_16(t: torch.Tensor) -> bool:
+    # torch's grouped GEMM rejects operands whose base or non-unit strides are not 16-byte multiples.
+    return t.data_ptr() % 16 == 0 and all(st * t.element_size() % 16 == 0 for st in t.stride() if st != 1)
+
+
 def grouped_mm(xs_PI: torch.Tensor, w_EIO: torch.Tensor, offsets_E1: torch.Tensor) -> torch.Tensor:
     """Row group e of xs (offsets_E1[e]:offsets_E1[e+1]) times w_EIO[e]. Uses torch's grouped GEMM
-    where it exists for the dtype (fp32/bf16/fp16), a per-expert loop otherwise (e.g. fp64)."""
+    where it takes the operands (fp32/bf16/fp16, 16-byte aligned), a per-expert loop otherwise."""
     xs_PI = xs_PI.to(w_EIO.dtype)
-    if _NATIVE_GROUPED_MM is not None and w_EIO.dtype in (torch.float32, torch.bfloat16, torch.float16):
+    if (_NATIVE_GROUPED_MM is not None and w_EIO.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and _aligned_16(xs_PI) and _aligned_16(w_EIO)):
         return _NATIVE_GROUPED_MM(xs_PI, w_EIO, offs=offsets_E1[1:])
     return reference.grouped_mm_loop(xs_PI, w_EIO, offsets_E1)
 

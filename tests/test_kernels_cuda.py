@@ -1,0 +1,72 @@
+"""CUDA side of the routing kernels. The build check runs wherever torch is a CUDA build and nvcc is
+present (it needs no GPU); the kernel checks need a GPU and are skipped without one.
+
+Shape legend: T tokens, E experts, K slots per token, D hidden, P permuted rows.
+"""
+import os
+import shutil
+
+import pytest
+import torch
+
+from kernels import ops, reference as ref
+
+CUDA_HOME = os.environ.get("CUDA_HOME") or next(
+    (d for d in ("/usr/local/cuda-13.0", "/usr/local/cuda") if os.path.exists(os.path.join(d, "bin", "nvcc"))), None)
+HAVE_NVCC = bool(CUDA_HOME and os.path.exists(os.path.join(CUDA_HOME, "bin", "nvcc"))) or shutil.which("nvcc")
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.skipif(torch.version.cuda is None or not HAVE_NVCC, reason="CPU-only torch or no nvcc: no CUDA build")
+def test_cuda_extension_built_and_imports():
+    assert ops.CUDA_EXTENSION_ERROR is None, ops.CUDA_EXTENSION_ERROR
+    import kernels._cuda  # noqa: F401
+
+
+@gpu
+@pytest.mark.parametrize("T,E,K,D", [(1, 4, 1, 8), (37, 16, 4, 24), (300, 128, 8, 64), (64, 8, 8, 130)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("block", [1, 16])
+def test_cuda_ops_match_reference(T, E, K, D, dtype, block):
+    g = torch.Generator().manual_seed(T + E)
+    logits = torch.randn(T, E, generator=g).to(dtype)
+    w, ids = torch.ops.hintrl.topk_gating(logits.cuda(), K, True, None)
+    w_ref, ids_ref = ref.topk_gating(logits, K, True)
+    assert torch.equal(ids.cpu(), ids_ref)
+    torch.testing.assert_close(w.cpu(), w_ref, rtol=1e-5, atol=1e-6)
+    counts, offsets = torch.ops.hintrl.expert_counts(ids, E, block)
+    counts_ref, offsets_ref = ref.expert_counts(ids_ref, E, block)
+    assert torch.equal(counts.cpu(), counts_ref) and torch.equal(offsets.cpu(), offsets_ref)
+    x = torch.randn(T, D, generator=g).to(dtype)
+    xs, pos = torch.ops.hintrl.permute(x.cuda(), ids, offsets, block)
+    xs_ref, pos_ref = ref.permute(x, ids_ref, offsets_ref, block)
+    assert torch.equal(pos.cpu(), pos_ref) and torch.equal(xs.cpu(), xs_ref)
+    ys = torch.randn(xs.shape, generator=g).to(dtype)
+    out = torch.ops.hintrl.unpermute_combine(ys.cuda(), pos, w)
+    tol = 2e-2 if dtype != torch.float32 else 1e-5
+    torch.testing.assert_close(out.cpu(), ref.unpermute_combine(ys, pos_ref, w_ref), rtol=tol, atol=tol)
+
+
+@gpu
+def test_cuda_gradcheck_float64():
+    dev = "cuda"
+    T, E, K, D = 6, 5, 2, 3
+    logits = torch.randn(T, E, device=dev, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda l: ops.topk_gating(l, K, True)[0], (logits,))
+    ids = torch.randint(0, E, (T, K), device=dev)
+    _c, off = ops.expert_counts(ids, E, 1)
+    x = torch.randn(T, D, device=dev, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a: ops.permute(a, ids, off, 1)[0], (x,))
+    _xs, pos = ops.permute(x.detach(), ids, off, 1)
+    ys = torch.randn(T * K, D, device=dev, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(T, K, device=dev, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda y, ww: ops.unpermute_combine(y, pos, ww), (ys, w))
+
+
+@gpu
+def test_cuda_op_rejects_cpu_inputs_clearly():
+    x = torch.randn(4, 8, device="cuda")
+    ids = torch.zeros(4, 2, dtype=torch.long)  # left on the CPU by mistake
+    offsets = torch.tensor([0, 8], dtype=torch.int32, device="cuda")
+    with pytest.raises(RuntimeError, match="needs CUDA tensors"):
+        torch.ops.hintrl.permute(x, ids, offsets, 1)
