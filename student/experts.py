@@ -7,15 +7,21 @@ DeepseekV3, GptOss, ...) accepts `experts_implementation="hintrl"`, e.g.
 
 The forward is: expert counts/offsets -> permute (stable, expert-sorted) -> grouped GEMM up ->
 gate/activation -> grouped GEMM down -> unpermute-combine (weighted sum of the k outputs, fp32
-accumulation), the routing steps running on kernels.ops. Router top-k stays in the model's router
-module; student.router_replay hooks it for recording and replaying routes.
+accumulation), the routing steps running on kernels.ops. Router top-k lives in the model's router
+module: `use_hintrl_gating(model)` points softmax-then-top-k routers at kernels.ops.topk_gating
+(their weights then stay fp32), and student.router_replay hooks routers to record/replay routes.
 
 Shape legend: T tokens, D hidden, K routed slots per token, E experts, P permuted rows (= T*K here),
 F expert width (2F for fused gate/up).
 """
 from __future__ import annotations
 
+import inspect
+import re
+import types
+
 import torch
+import torch.nn.functional as F
 from transformers.integrations.moe import ExpertsInterface
 
 from kernels import ops
@@ -60,6 +66,42 @@ def hintrl_experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, t
         ys_PD = self.post_expert_norm(ys_PD)
     out_TD = ops.unpermute_combine(ys_PD.to(x_TD.dtype), pos_TK, top_k_weights)
     return out_TD
+
+
+def find_routers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """(name, module) of every transformers top-k router in `model`, in layer order."""
+    return [(n, m) for n, m in model.named_modules() if re.search(r"topkrouter$", type(m).__name__, re.I)]
+
+
+def router_kind(router: torch.nn.Module) -> str:
+    """How a router scores experts: "softmax_topk" (Qwen/Mixtral/Olmoe style), "topk_softmax" (GptOss),
+    "sigmoid" (DeepseekV3 style, with score-correction bias)."""
+    if hasattr(router, "e_score_correction_bias") and hasattr(router, "routed_scaling_factor"):
+        return "sigmoid"
+    src = inspect.getsource(type(router).forward)  # the class's: use_hintrl_gating patches instances
+    if re.search(r"topk\(router_logits", src) and "softmax(router_top_value" in src:
+        return "topk_softmax"
+    if re.search(r"softmax\(router_logits", src):
+        return "softmax_topk"
+    raise NotImplementedError(f"{type(router).__name__}: unknown expert scoring")
+
+
+def _gating_forward(self, hidden_states: torch.Tensor):
+    x_TD = hidden_states.reshape(-1, self.hidden_dim)
+    logits_TE = F.linear(x_TD, self.weight, getattr(self, "bias", None))
+    w_TK, ids_TK = ops.topk_gating(logits_TE, self.top_k, bool(getattr(self, "norm_topk_prob", True)))
+    return logits_TE, w_TK, ids_TK
+
+
+def use_hintrl_gating(model: torch.nn.Module) -> int:
+    """Run the softmax-then-top-k routers of `model` on kernels.ops.topk_gating; returns how many.
+    Ties go to the lower expert id (torch.topk leaves them unspecified); otherwise the same routing."""
+    patched = 0
+    for _name, router in find_routers(model):
+        if router_kind(router) == "softmax_topk":
+            router.forward = types.MethodType(_gating_forward, router)
+            patched += 1
+    return patched
 
 
 ExpertsInterface.register(NAME, hintrl_experts_forward)

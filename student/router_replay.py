@@ -41,29 +41,13 @@ Semantics:
 from __future__ import annotations
 
 import contextlib
-import inspect
-import re
 
 import torch
 
 from kernels import ops
+from student.experts import find_routers, router_kind
 
 # Shape legend: N router rows (tokens) in one call, E experts, K slots per token, B batch, S seq.
-
-
-def _router_kind(router: torch.nn.Module) -> str:
-    if hasattr(router, "e_score_correction_bias") and hasattr(router, "routed_scaling_factor"):
-        return "sigmoid"
-    src = inspect.getsource(type(router).forward)
-    if re.search(r"topk\(router_logits", src) and "softmax(router_top_value" in src:
-        return "topk_softmax"
-    if re.search(r"softmax\(router_logits", src):
-        return "softmax_topk"
-    raise NotImplementedError(f"router replay does not know how {type(router).__name__} scores experts")
-
-
-def _find_routers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
-    return [(n, m) for n, m in model.named_modules() if re.search(r"topkrouter$", type(m).__name__, re.I)]
 
 
 class Recording:
@@ -80,11 +64,11 @@ class Recording:
 
 class RouterReplay:
     def __init__(self, model: torch.nn.Module):
-        routers = _find_routers(model)
+        routers = find_routers(model)
         if not routers:
             raise ValueError(f"{type(model).__name__} has no top-k router modules to hook")
         self.names = [n for n, _ in routers]
-        self.kinds = [_router_kind(r) for _, r in routers]
+        self.kinds = [router_kind(r) for _, r in routers]
         self.top_k = int(routers[0][1].top_k)
         self.num_layers = len(routers)
         self._mode = "off"

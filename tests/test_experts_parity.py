@@ -130,3 +130,25 @@ def test_router_replay_pads_missing_tail_positions():
     with pytest.raises(ValueError):
         with replay.replay(routes[:1]):
             pass
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "olmoe"])
+def test_hintrl_gating_matches_transformers_router(family):
+    model = _model(family)
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(6))
+    out_ref, grads_ref = _fwd_bwd(model, ids)
+    assert student.experts.use_hintrl_gating(model) == 2
+    out, grads = _fwd_bwd(model, ids)
+    torch.testing.assert_close(out, out_ref, rtol=1e-4, atol=1e-5)
+    for n in grads_ref:
+        torch.testing.assert_close(grads[n], grads_ref[n], rtol=1e-4, atol=1e-6, msg=n)
+    replay = RouterReplay(model)  # replay hooks wrap the patched routers too
+    with replay.record() as rec:
+        model(ids)
+    with replay.replay(rec.routes()):
+        torch.testing.assert_close(model(ids).logits, out, rtol=1e-5, atol=1e-6)
+    assert replay.stats()["mismatch_rate"] == 0.0
+
+
+def test_gpt_oss_router_is_left_alone_by_gating_patch():
+    assert student.experts.use_hintrl_gating(_model("gpt_oss")) == 0
