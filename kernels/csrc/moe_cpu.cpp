@@ -25,11 +25,15 @@ void check_cpu(const at::Tensor& t, const char* what) {
 
 at::ScalarType acc_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
-// Slots per chunk: large enough to amortise the per-chunk histogram row, small enough that each
-// thread gets several chunks.
+// Work per parallel task, in elements, as ATen's own kernels do: entering an OpenMP region costs
+// microseconds on idle cores and milliseconds on cores shared with other jobs, so small ops stay serial.
+constexpr int64_t kGrain = 32768;
+int64_t rows_grain(int64_t work_per_row) { return std::max<int64_t>(1, kGrain / std::max<int64_t>(1, work_per_row)); }
+
+// Chunks of the counting sort: one (serial) below a few grains of slots, else a few per thread.
 int64_t num_chunks(int64_t S) {
-  int64_t threads = at::get_num_threads();
-  return std::max<int64_t>(1, std::min<int64_t>(S / 256 + 1, 4 * threads));
+  if (S < 4 * kGrain) return 1;
+  return std::min<int64_t>(S / kGrain, 4 * at::get_num_threads());
 }
 
 std::tuple<at::Tensor, at::Tensor> topk_gating_cpu(const at::Tensor& logits_TE, int64_t k, bool renorm,
@@ -55,7 +59,7 @@ std::tuple<at::Tensor, at::Tensor> topk_gating_cpu(const at::Tensor& logits_TE, 
     const int64_t* f = forced.defined() ? forced.data_ptr<int64_t>() : nullptr;
     acc_t* w = w_TK.data_ptr<acc_t>();
     int64_t* ids = ids_TK.data_ptr<int64_t>();
-    at::parallel_for(0, T, 64, [&](int64_t b, int64_t e) {
+    at::parallel_for(0, T, rows_grain(E * k), [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t)
         topk_gating_row<scalar_t, acc_t>(l + t * E, E, k, renorm, f ? f + t * k : nullptr, w + t * k, ids + t * k);
     });
@@ -77,7 +81,7 @@ at::Tensor topk_gating_backward_cpu(const at::Tensor& grad_w_TK, const at::Tenso
     const acc_t* g = gw.data_ptr<acc_t>();
     const int64_t* i = ids.data_ptr<int64_t>();
     scalar_t* out = glogits_TE.data_ptr<scalar_t>();
-    at::parallel_for(0, T, 64, [&](int64_t b, int64_t e) {
+    at::parallel_for(0, T, rows_grain(E * K), [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t)
         topk_gating_backward_row<scalar_t, acc_t>(g + t * K, l + t * E, i + t * K, E, K, renorm, out + t * E);
     });
@@ -142,7 +146,7 @@ std::tuple<at::Tensor, at::Tensor> permute_cpu(const at::Tensor& x_TD, const at:
   const int64_t row_bytes = D * x.element_size();
   const char* xp = static_cast<const char*>(x.data_ptr());
   char* out = static_cast<char*>(xs_PD.data_ptr());
-  at::parallel_for(0, P, 16, [&](int64_t b, int64_t e) {
+  at::parallel_for(0, P, rows_grain(D), [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       if (src_P[r] >= 0) std::memcpy(out + r * row_bytes, xp + (src_P[r] / K) * row_bytes, row_bytes);
       else std::memset(out + r * row_bytes, 0, row_bytes);
@@ -162,7 +166,7 @@ at::Tensor permute_backward_cpu(const at::Tensor& grad_xs_PD, const at::Tensor& 
     const scalar_t* gp = g.data_ptr<scalar_t>();
     const int64_t* pp = pos.data_ptr<int64_t>();
     scalar_t* out = gx_TD.data_ptr<scalar_t>();
-    at::parallel_for(0, T, 8, [&](int64_t b, int64_t e) {
+    at::parallel_for(0, T, rows_grain(D * K), [&](int64_t b, int64_t e) {
       std::vector<acc_t> acc(D);
       for (int64_t t = b; t < e; ++t) {
         std::fill(acc.begin(), acc.end(), acc_t(0));
@@ -194,7 +198,7 @@ at::Tensor unpermute_combine_cpu(const at::Tensor& ys_PD, const at::Tensor& pos_
     const int64_t* pp = pos.data_ptr<int64_t>();
     const acc_t* wp = w.data_ptr<acc_t>();
     scalar_t* out = out_TD.data_ptr<scalar_t>();
-    at::parallel_for(0, T, 8, [&](int64_t b, int64_t e) {
+    at::parallel_for(0, T, rows_grain(D * K), [&](int64_t b, int64_t e) {
       std::vector<acc_t> acc(D);
       for (int64_t t = b; t < e; ++t) {
         std::fill(acc.begin(), acc.end(), acc_t(0));
@@ -233,11 +237,11 @@ std::tuple<at::Tensor, at::Tensor> unpermute_combine_backward_cpu(const at::Tens
     const acc_t* wp = w.data_ptr<acc_t>();
     scalar_t* gyp = gys_PD.data_ptr<scalar_t>();
     acc_t* gwp = gw_TK.data_ptr<acc_t>();
-    at::parallel_for(0, P, 64, [&](int64_t b, int64_t e) {
+    at::parallel_for(0, P, rows_grain(D), [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r)
         if (!covered[r]) std::fill(gyp + r * D, gyp + (r + 1) * D, scalar_t(0));
     });
-    at::parallel_for(0, T, 8, [&](int64_t b, int64_t e) {
+    at::parallel_for(0, T, rows_grain(D * K), [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
         const scalar_t* grow = gp + t * D;
         for (int64_t k = 0; k < K; ++k) {

@@ -1,0 +1,1 @@
+"""Benchmarks (not timed tests): `scripts/bench.sh <name>` or `python -m benchmarks.<name>`."""
