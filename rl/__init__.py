@@ -1,0 +1,1 @@
+"""Tasks, rollouts, teacher feedback, losses and the DeepSpeed trainer."""

@@ -1,0 +1,195 @@
+"""Run configuration: typed dataclasses ← experiment YAML ← command-line `key=value`.
+
+Defaults live only in these dataclasses (and the component configs they embed). An experiment's
+`config.yaml` states only what it changes. Loading happens once, in `load_config`; an unknown key,
+a wrong type or malformed YAML stops the run before any work with one line naming the source and
+the key. The resolved config is saved in the run folder; code reads attributes, never
+`.get(key, default)`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from student.model import ARCHITECTURES, StudentConfig
+from teacher.base import TEACHERS, TeacherConfig
+
+
+@dataclass
+class TaskConfig:
+    name: str = "basic_arithmetic"           # any reasoning-gym dataset
+    config: dict[str, Any] = field(default_factory=dict)   # its generator's settings
+    render: str = "question"                 # "question" or "expression" (metadata, shorter)
+    eval_seed: int = 1_000_000               # held-out problems come from this seed, never trained
+    eval_size: int = 200
+    train_size: int = 1_000_000              # virtual size of the training stream (wraps)
+
+
+@dataclass
+class MethodConfig:
+    name: str = "hint_distill"               # key of rl.methods.METHODS
+    clip_eps: float = 0.2                    # PPO-clip range
+    adv_std_norm: bool = False               # False = Dr. GRPO (no std normalisation)
+    distill_coef: float = 1.0                # weight of the on-policy distillation KL
+    distill_kl: str = "reverse"              # "reverse" KL(s||t), "forward" KL(t||s), "jsd"
+    distill_estimator: str = "full"          # "full" vocabulary or "sampled" token only
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"                       # transformers generation with a KV cache
+    prompts_per_step: int = 16
+    attempts_per_prompt: int = 8             # G, the group size
+    max_new_tokens: int = 8
+    temperature: float = 1.0
+
+
+@dataclass
+class WarmstartConfig:
+    steps: int = 0                           # supervised steps on demonstrations before RL
+    batch_size: int = 64
+    lr: float = 1e-3
+    warmup_steps: int = 20
+    hint_fraction: float = 0.5               # share of demonstrations with a hint in context
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 100                         # RL steps (after warm-start)
+    lr: float = 3e-4
+    warmup_steps: int = 10
+    weight_decay: float = 0.0
+    eval_every: int = 50                     # in steps, counting warm-start steps
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 2
+    log_rollouts: int = 8                    # attempts per step written to rollouts.jsonl
+    max_nonfinite_steps: int = 3             # consecutive NaN/inf losses before stopping
+    threads: int = 0                         # torch threads per rank; 0 = cores / ranks
+
+
+@dataclass
+class DeepSpeedConfig:
+    zero_stage: int = 0
+    dtype: str = "fp32"                      # "fp32" or "bf16"
+    gradient_clipping: float = 1.0
+    gradient_accumulation_steps: int = 1
+
+
+@dataclass
+class LauncherConfig:
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    hostfile: str = ""
+    master_port: int = 29500
+
+
+@dataclass
+class RunConfig:
+    seed: int = 0
+    output_dir: str = "runs"
+    experiment: str = ""                     # filled from the experiment folder's name
+    run_name: str = ""                       # "" = time stamp + method + seed
+    resume: bool = False                     # continue run_name (or the newest run) from its last checkpoint
+    task: TaskConfig = field(default_factory=TaskConfig)
+    student: StudentConfig = field(default_factory=StudentConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    warmstart: WarmstartConfig = field(default_factory=WarmstartConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+
+
+class ConfigError(ValueError):
+    """A config problem, phrased for the person who wrote the config."""
+
+
+def _describe(err: OmegaConfBaseException) -> str:
+    key = getattr(err, "full_key", None)
+    msg = str(err).splitlines()[0]
+    if isinstance(err, ConfigKeyError):
+        return f"unknown key '{key}'"
+    return f"key '{key}': {msg}" if key else msg
+
+
+def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
+    try:
+        return OmegaConf.merge(base, layer)
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{source}: {_describe(err)}") from None
+
+
+def _choice(value: str, valid, key: str) -> None:
+    if value not in valid:
+        raise ConfigError(f"{key}={value!r} is not valid; choose one of {sorted(valid)}")
+
+
+def validate(cfg: RunConfig) -> None:
+    """Checks that need more than a type: names looked up in registries, positive sizes."""
+    import reasoning_gym
+    from rl.methods import METHODS
+
+    _choice(cfg.task.name, reasoning_gym.factory.DATASETS, "task.name")
+    _choice(cfg.task.render, {"question", "expression"}, "task.render")
+    _, dataset_config_cls = reasoning_gym.factory.DATASETS[cfg.task.name]
+    try:
+        dataset_config_cls(**cfg.task.config)
+    except TypeError as err:
+        raise ConfigError(f"task.config: {err} (settings of reasoning-gym's {cfg.task.name!r})") from None
+    _choice(cfg.method.name, METHODS, "method.name")
+    _choice(cfg.method.distill_kl, {"reverse", "forward", "jsd"}, "method.distill_kl")
+    _choice(cfg.method.distill_estimator, {"full", "sampled"}, "method.distill_estimator")
+    _choice(cfg.student.arch, ARCHITECTURES, "student.arch")
+    _choice(cfg.teacher.kind, TEACHERS, "teacher.kind")
+    _choice(cfg.rollout.engine, {"hf"}, "rollout.engine")
+    _choice(cfg.deepspeed.dtype, {"fp32", "bf16"}, "deepspeed.dtype")
+    _choice(cfg.deepspeed.zero_stage, {0, 1, 2, 3}, "deepspeed.zero_stage")
+    for key in ("rollout.prompts_per_step", "rollout.attempts_per_prompt",
+                "rollout.max_new_tokens", "task.eval_size", "trainer.eval_every",
+                "trainer.checkpoint_every", "warmstart.batch_size"):
+        section, name = key.split(".")
+        if getattr(getattr(cfg, section), name) <= 0:
+            raise ConfigError(f"{key} must be positive")
+    if cfg.trainer.steps < 0 or cfg.warmstart.steps < 0:
+        raise ConfigError("trainer.steps and warmstart.steps must be >= 0")
+
+
+def load_config(experiment_dir: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
+    """Schema defaults ← `experiment_dir/config.yaml` ← `overrides` ("a.b=value" strings)."""
+    cfg = OmegaConf.structured(RunConfig)
+    if experiment_dir is not None:
+        path = Path(experiment_dir) / "config.yaml"
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such file (an experiment folder holds config.yaml)")
+        try:
+            layer = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise ConfigError(f"{path}:{where} malformed YAML: {getattr(err, 'problem', err)}") from None
+        if not isinstance(layer, dict):
+            raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(layer).__name__}")
+        cfg = _merge(cfg, layer, str(path))
+        if not cfg.experiment:
+            cfg.experiment = Path(experiment_dir).resolve().name
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"command line: override {item!r} must look like key=value")
+        try:
+            layer = OmegaConf.from_dotlist([item])
+        except OmegaConfBaseException as err:
+            raise ConfigError(f"command line: {item!r}: {err}") from None
+        cfg = _merge(cfg, layer, f"command line {item!r}")
+    run_cfg: RunConfig = OmegaConf.to_object(cfg)
+    validate(run_cfg)
+    return run_cfg
+
+
+def to_yaml(cfg: RunConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

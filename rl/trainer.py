@@ -1,0 +1,230 @@
+"""The trainer: warm-start, then RL steps that read in data order.
+
+    rollout -> verify -> teacher hints -> hinted scores -> advantages -> loss -> DeepSpeed step
+
+One step = one optimizer update. Steps count warm-start steps too, so a run's curves show the
+warm-start and the RL phase on one axis (`warmstart.steps` marks the boundary).
+"""
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from rl import checkpoint
+from rl.config import RunConfig, to_yaml
+from rl.engine import build_engine
+from rl.evaluate import evaluate
+from rl.feedback import hint_failed_attempts, teacher_logprobs
+from rl.losses import (distill_kl_loss, group_advantages, policy_gradient_loss,
+                       sampled_distill_loss, sft_loss)
+from rl.methods import get_method
+from rl.rollout import generate, right_pad, score
+from rl.runlog import RunLogger
+from rl.tasks import TaskSource
+from rl.warmstart import demonstrations
+from student import ByteTokenizer, build_student, count_parameters
+from teacher import LeakGuard, build_teacher
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, run_dir: Path):
+        self.cfg, self.run_dir = cfg, run_dir
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        torch.set_num_threads(cfg.trainer.threads or max(1, (os.cpu_count() or 1) // world))
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.rng = random.Random(cfg.seed)
+        self.tok = ByteTokenizer()
+        self.tasks = TaskSource(cfg.task, cfg.seed)
+        self.teacher = build_teacher(cfg.teacher)
+        self.guard = LeakGuard()
+        self.method = get_method(cfg.method.name)
+        model = build_student(cfg.student, self.tok)
+        self.engine, _, self.scheduler = build_engine(model, cfg)
+        self.model = self.engine.module
+        self.ckpt_dir = run_dir / "checkpoints"
+        self.step, self.nonfinite_streak, resume_step = 0, 0, None
+        if cfg.resume:
+            self.step, self.tasks.cursor = checkpoint.load(self.engine, self.ckpt_dir, self.rng)
+            resume_step = self.step
+        self.log = RunLogger(run_dir, to_yaml(cfg), resume_step)
+        self.n_params = count_parameters(self.model)
+
+    @property
+    def total_steps(self) -> int:
+        return self.cfg.warmstart.steps + self.cfg.trainer.steps
+
+    # ------------------------------------------------------------------ the loop
+    def train(self) -> dict[str, float]:
+        cfg, last_eval = self.cfg, {}
+        if self.step == 0:
+            last_eval = self.evaluate()
+            self.log.log_metrics(0, last_eval)
+        bar = tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True,
+                   desc=f"{cfg.experiment}/{cfg.method.name}")
+        try:
+            while self.step < self.total_steps:
+                start = time.perf_counter()
+                in_warmstart = self.step < cfg.warmstart.steps
+                metrics = self.warmstart_step() if in_warmstart else self.rl_step()
+                self.step += 1
+                metrics["time/step_s"] = time.perf_counter() - start
+                if self._eval_due():
+                    last_eval = self.evaluate()
+                    metrics.update(last_eval)
+                self.log.log_metrics(self.step, metrics)
+                if self.step % cfg.trainer.checkpoint_every == 0 or self.step == self.total_steps:
+                    checkpoint.save(self.engine, self.ckpt_dir, self.step, self.tasks.cursor,
+                                    self.rng, cfg.trainer.keep_checkpoints)
+                bar.update(1)
+                bar.set_postfix(phase="warm" if in_warmstart else "rl",
+                                reward=f"{metrics.get('train/reward_mean', float('nan')):.2f}",
+                                acc=f"{last_eval.get('eval/accuracy', float('nan')):.2f}")
+        finally:
+            bar.close()
+            self.log.close()
+        return last_eval
+
+    def _eval_due(self) -> bool:
+        s = self.step
+        return (s % self.cfg.trainer.eval_every == 0 or s == self.cfg.warmstart.steps
+                or s == self.total_steps)
+
+    def evaluate(self) -> dict[str, float]:
+        self.engine.eval()
+        return evaluate(self.model, self.tasks, self.teacher, self.tok, self.cfg.rollout.max_new_tokens)
+
+    # ------------------------------------------------------------------ warm-start
+    def warmstart_step(self) -> dict[str, float]:
+        ws, tok = self.cfg.warmstart, self.tok
+        problems = self.tasks.next_batch(ws.batch_size)
+        prompts, answers = demonstrations(problems, self.teacher, self.guard, tok, self.rng,
+                                          ws.hint_fraction)
+        answers_NC, mask_NC = right_pad(answers, tok.pad_id)
+        self.engine.train()
+        logp_NC, _, aux = score(self.engine, prompts, answers_NC, pad_id=tok.pad_id, router_logits=True)
+        loss, metrics = sft_loss(logp_NC, mask_NC)
+        metrics.update(self._update(loss, aux))
+        written, dropped = self.guard.take_counts()
+        metrics["hint/leak_rate"] = dropped / max(1, written)
+        return metrics
+
+    # ------------------------------------------------------------------ one RL step
+    def rl_step(self) -> dict[str, float]:
+        cfg, tok, ro = self.cfg, self.tok, self.cfg.rollout
+        timings: dict[str, float] = {}
+        clock = time.perf_counter()
+
+        def lap(name: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            timings[f"time/{name}_s"] = now - clock
+            clock = now
+
+        # 1. rollout: G attempts per problem, with the sampling policy's log-probs
+        problems = self.tasks.next_batch(ro.prompts_per_step)
+        self.tasks.assert_disjoint(problems)
+        group = [p for p in problems for _ in range(ro.attempts_per_prompt)]
+        prompts = [tok.render_prompt(p.prompt) for p in group]
+        self.engine.eval()
+        roll = generate(self.model, prompts, max_new_tokens=ro.max_new_tokens, eos_id=tok.eos_id,
+                        pad_id=tok.pad_id, temperature=ro.temperature)
+        attempts = [tok.decode(row.tolist()) for row in roll.completion_ids_NC]
+        lap("rollout")
+
+        # 2. verify
+        verdicts = [self.tasks.verify(p, a) for p, a in zip(group, attempts)]
+        rewards_BG = torch.tensor([v.reward for v in verdicts]).view(len(problems), -1)
+        lap("verify")
+
+        # 3. teacher hints on failed attempts, 4. teacher scores under the hinted context
+        hinted, teacher_NC, teacher_NCV = None, None, None
+        full = cfg.method.distill_estimator == "full"
+        if self.method.uses_teacher:
+            hinted = hint_failed_attempts(self.teacher, self.guard, tok, group, attempts, verdicts)
+            lap("teacher")
+            if hinted.rows:
+                teacher_NC, teacher_NCV = teacher_logprobs(
+                    self.model, hinted, roll.completion_ids_NC, pad_id=tok.pad_id,
+                    temperature=ro.temperature, full=full)
+            lap("hinted_scoring")
+
+        # 5. advantages, 6. loss
+        adv_N = group_advantages(rewards_BG, cfg.method.adv_std_norm).flatten()
+        self.engine.train()
+        logp_NC, logp_NCV, aux = score(self.engine, prompts, roll.completion_ids_NC, pad_id=tok.pad_id,
+                                       temperature=ro.temperature, full=full and bool(hinted and hinted.rows),
+                                       router_logits=True)
+        loss, metrics = policy_gradient_loss(logp_NC, roll.logprobs_NC, adv_N, roll.mask_NC,
+                                             cfg.method.clip_eps)
+        if teacher_NC is not None:
+            rows, mask_HC = hinted.rows, roll.mask_NC[hinted.rows]
+            if full:
+                distill, m = distill_kl_loss(logp_NCV[rows], teacher_NCV, mask_HC, cfg.method.distill_kl)
+            else:
+                distill, m = sampled_distill_loss(logp_NC[rows], teacher_NC, mask_HC)
+            loss = loss + cfg.method.distill_coef * distill
+            metrics.update(m)
+        lap("forward")
+
+        # 7. DeepSpeed step
+        metrics.update(self._update(loss, aux))
+        lap("backward_step")
+
+        metrics.update(self._rl_stats(rewards_BG, roll, hinted))
+        metrics.update(timings)
+        self._log_rollouts(group, attempts, verdicts, hinted)
+        return metrics
+
+    # ------------------------------------------------------------------ helpers
+    def _update(self, loss: torch.Tensor, aux: torch.Tensor | None) -> dict[str, float]:
+        metrics = {"train/lr": self.scheduler.get_last_lr()[0]}
+        if aux is not None and self.cfg.student.router_aux_loss_coef > 0:
+            loss = loss + self.cfg.student.router_aux_loss_coef * aux
+            metrics["loss/router_aux"] = aux.item()
+        if not torch.isfinite(loss):
+            # Skip the update: a NaN would poison the weights and every checkpoint after it.
+            self.nonfinite_streak += 1
+            metrics["train/nonfinite_skipped"] = 1.0
+            if self.nonfinite_streak >= self.cfg.trainer.max_nonfinite_steps:
+                last = checkpoint.list_tags(self.ckpt_dir)
+                raise NonFiniteLossError(
+                    f"loss was NaN/inf for {self.nonfinite_streak} consecutive steps (step {self.step}); "
+                    f"stopped without updating. Last good checkpoint: "
+                    f"{self.ckpt_dir / last[-1] if last else 'none'} (resume=true continues from it)")
+            return metrics
+        self.nonfinite_streak = 0
+        self.engine.backward(loss)
+        self.engine.step()
+        metrics["loss/total"] = loss.item()
+        return metrics
+
+    def _rl_stats(self, rewards_BG, roll, hinted) -> dict[str, float]:
+        stats = {
+            "train/reward_mean": rewards_BG.mean().item(),
+            "train/groups_without_signal": (rewards_BG.std(dim=1) == 0).float().mean().item(),
+            "train/completion_tokens": roll.mask_NC.sum(1).float().mean().item(),
+        }
+        written, dropped = self.guard.take_counts()
+        if hinted is not None:
+            stats["hint/rate"] = len(hinted.rows) / max(1, hinted.requested)
+            stats["hint/leak_rate"] = dropped / max(1, written)
+        return stats
+
+    def _log_rollouts(self, group, attempts, verdicts, hinted) -> None:
+        hint_of = dict(zip(hinted.rows, hinted.hints)) if hinted else {}
+        records = [{"prompt": group[i].prompt, "answer": group[i].answer, "attempt": attempts[i],
+                    "reward": verdicts[i].reward, "feedback": verdicts[i].feedback,
+                    "hint": hint_of.get(i)}
+                   for i in range(min(self.cfg.trainer.log_rollouts, len(group)))]
+        # Logged under the step number this update will complete, like its metrics.
+        self.log.log_rollouts(self.step + 1, records)

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Sourced by train.sh / test.sh / bench.sh: make sure .venv exists and holds an installed hintrl.
+# torch comes first and explicitly: the CUDA 13 build (2.14.1) is what compiles the CUDA kernels,
+# and setup.py imports torch at build time, hence --no-build-isolation.
+set -euo pipefail
+HINTRL_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$HINTRL_ROOT/.venv"
+TORCH_SPEC="${HINTRL_TORCH:-torch==2.14.1}"
+
+if [ ! -f "$VENV/.hintrl-installed" ] || [ "$HINTRL_ROOT/setup.py" -nt "$VENV/.hintrl-installed" ]; then
+  echo "[bootstrap] setting up $VENV (first run: a few minutes)" >&2
+  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q "$TORCH_SPEC" setuptools wheel
+  if [ -z "${CUDA_HOME:-}" ]; then
+    for d in /usr/local/cuda-13.0 /usr/local/cuda; do
+      if [ -x "$d/bin/nvcc" ]; then export CUDA_HOME="$d"; break; fi
+    done
+  fi
+  "$VENV/bin/pip" install -q --no-build-isolation -e "$HINTRL_ROOT[dev]"
+  touch "$VENV/.hintrl-installed"
+fi
+export PATH="$VENV/bin:$PATH"
+# DeepSpeed on CPU: pick its CPU accelerator, and never JIT-compile ops at start-up.
+export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"
+export TOKENIZERS_PARALLELISM=false

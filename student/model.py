@@ -1,0 +1,100 @@
+"""Build the MoE student policy from config: a registry of transformers MoE families.
+
+Every family maps the same handful of size knobs (hidden, layers, heads, experts, top-k, expert
+width) onto its own transformers config class, so an experiment switches family with one key
+(`student.arch=mixtral`) and nothing else changes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from student.tokenizer import ByteTokenizer
+
+
+@dataclass
+class StudentConfig:
+    arch: str = "qwen3_moe"          # key of ARCHITECTURES
+    checkpoint: str = ""             # HF folder to load instead of building from config
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    num_experts: int = 8
+    top_k: int = 2
+    expert_width: int = 256          # intermediate size of one expert MLP
+    max_positions: int = 256
+    router_aux_loss_coef: float = 0.001
+    experts_implementation: str = "eager"   # transformers ExpertsInterface name ("hintrl" = ours)
+    attn_implementation: str = "sdpa"
+    dtype: str = "float32"
+
+
+def _common(cfg: StudentConfig, tok: ByteTokenizer) -> dict:
+    return dict(
+        vocab_size=tok.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_positions, num_experts_per_tok=cfg.top_k,
+        router_aux_loss_coef=cfg.router_aux_loss_coef, pad_token_id=tok.pad_id,
+        bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, tie_word_embeddings=True,
+    )
+
+
+def _qwen3_moe(cfg, tok):
+    return transformers.Qwen3MoeConfig(**_common(cfg, tok), num_experts=cfg.num_experts,
+                                       moe_intermediate_size=cfg.expert_width,
+                                       intermediate_size=cfg.expert_width, norm_topk_prob=True,
+                                       head_dim=cfg.hidden_size // cfg.num_heads)
+
+
+def _qwen2_moe(cfg, tok):
+    return transformers.Qwen2MoeConfig(**_common(cfg, tok), num_experts=cfg.num_experts,
+                                       moe_intermediate_size=cfg.expert_width,
+                                       shared_expert_intermediate_size=cfg.expert_width,
+                                       intermediate_size=cfg.expert_width)
+
+
+def _mixtral(cfg, tok):
+    return transformers.MixtralConfig(**_common(cfg, tok), num_local_experts=cfg.num_experts,
+                                      intermediate_size=cfg.expert_width)
+
+
+def _olmoe(cfg, tok):
+    return transformers.OlmoeConfig(**_common(cfg, tok), num_experts=cfg.num_experts,
+                                    intermediate_size=cfg.expert_width)
+
+
+ARCHITECTURES: dict[str, Callable[[StudentConfig, ByteTokenizer], transformers.PretrainedConfig]] = {
+    "qwen3_moe": _qwen3_moe,
+    "qwen2_moe": _qwen2_moe,
+    "mixtral": _mixtral,
+    "olmoe": _olmoe,
+}
+
+
+def model_config(cfg: StudentConfig, tok: ByteTokenizer) -> transformers.PretrainedConfig:
+    if cfg.arch not in ARCHITECTURES:
+        raise ValueError(f"student.arch={cfg.arch!r} is not a known MoE family; "
+                         f"choose one of {sorted(ARCHITECTURES)}")
+    return ARCHITECTURES[cfg.arch](cfg, tok)
+
+
+def build_student(cfg: StudentConfig, tok: ByteTokenizer) -> PreTrainedModel:
+    """A randomly initialised MoE causal LM (or `cfg.checkpoint` when set).
+
+    Initialisation draws from torch's global RNG, so callers seed first for reproducible runs.
+    """
+    dtype = getattr(torch, cfg.dtype)
+    kwargs = dict(attn_implementation=cfg.attn_implementation,
+                  experts_implementation=cfg.experts_implementation, dtype=dtype)
+    if cfg.checkpoint:
+        return AutoModelForCausalLM.from_pretrained(cfg.checkpoint, **kwargs)
+    return AutoModelForCausalLM.from_config(model_config(cfg, tok), **kwargs)
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,7 @@
+"""Hint writers behind one small protocol; knows nothing of training."""
+from teacher.base import TEACHERS, Hint, HintRequest, Teacher, TeacherConfig, build_teacher
+from teacher.leak import LeakGuard, leaks_answer
+from teacher import rule as _rule  # noqa: F401  (registers "rule")
+
+__all__ = ["TEACHERS", "Hint", "HintRequest", "LeakGuard", "Teacher", "TeacherConfig",
+           "build_teacher", "leaks_answer"]

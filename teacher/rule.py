@@ -1,0 +1,50 @@
+"""Rule teacher: a targeted hint from the verifier's reference and the attempt, no model needed.
+
+It points at the first place the attempt goes wrong and gives the correct prefix up to and
+including that character ("starts with -4"). A tiny student can copy such a hint into its answer,
+which is what makes the hinted distribution a better teacher; range, sign or "too large" hints
+gave a 1M-parameter student nothing (shared/facts.md). When the prefix would be the whole answer,
+it gives the last character instead ("ends with 7"); the leak guard still drops any hint that
+states the whole answer (a one-character answer cannot be hinted without giving it away).
+"""
+from __future__ import annotations
+
+from teacher.base import Hint, HintRequest, TeacherConfig, last_assistant_index, register_teacher
+
+
+def first_mismatch(attempt: str, reference: str) -> int:
+    """Index of the first character where `attempt` departs from `reference` (len if equal)."""
+    for i, (a, r) in enumerate(zip(attempt, reference)):
+        if a != r:
+            return i
+    return min(len(attempt), len(reference))
+
+
+def targeted_hint(attempt: str, reference: str) -> str | None:
+    attempt, reference = attempt.strip(), reference.strip()
+    if not reference or attempt == reference:
+        return None
+    i = first_mismatch(attempt, reference)
+    if i >= len(reference):          # attempt is the answer plus extra characters
+        return f"ends after {reference[-1]}"
+    if i + 1 < len(reference):
+        return f"starts with {reference[:i + 1]}"
+    return f"ends with {reference[-1]}"
+
+
+class RuleTeacher:
+    def __init__(self, cfg: TeacherConfig):
+        self.cfg = cfg
+
+    def write_hints(self, requests: list[HintRequest]) -> list[Hint | None]:
+        hints: list[Hint | None] = []
+        for req in requests:
+            target = last_assistant_index(req.messages)
+            text = None
+            if req.reference is not None:
+                text = targeted_hint(req.messages[target]["content"], req.reference)
+            hints.append(Hint(target, text[: self.cfg.max_hint_chars]) if text else None)
+        return hints
+
+
+register_teacher("rule")(RuleTeacher)

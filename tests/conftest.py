@@ -1,0 +1,30 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+# A config small enough that a full run (warm-start + RL + eval + checkpoints) takes seconds.
+TINY = [
+    "task.eval_size=16", "student.hidden_size=32", "student.num_layers=1", "student.num_heads=2",
+    "student.num_kv_heads=1", "student.num_experts=4", "student.expert_width=16",
+    "rollout.prompts_per_step=4", "rollout.attempts_per_prompt=4", "rollout.max_new_tokens=4",
+    "warmstart.steps=3", "warmstart.batch_size=8", "trainer.steps=4", "trainer.eval_every=2",
+    "trainer.checkpoint_every=2", "trainer.threads=1",
+]
+
+
+@pytest.fixture
+def tiny_overrides(tmp_path):
+    return TINY + [f"output_dir={tmp_path / 'runs'}"]
+
+
+def run_cli(args, timeout=300):
+    """Runs `python -m rl.train` in a fresh process, as scripts/train.sh does."""
+    import subprocess
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "rl.train", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,68 @@
+from pathlib import Path
+
+import pytest
+
+from rl.config import ConfigError, load_config, to_yaml
+
+from conftest import ROOT, run_cli
+
+
+def write(tmp_path, text):
+    (tmp_path / "config.yaml").write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "experiments").glob("*/config.yaml")),
+                         ids=lambda p: p.parent.name)
+def test_every_experiment_loads(path):
+    cfg = load_config(path.parent)
+    assert cfg.experiment == path.parent.name
+    assert (path.parent / "README.md").is_file(), "an experiment folder needs its README.md"
+
+
+def test_override_wins_over_yaml_and_defaults(tmp_path):
+    cfg = load_config(write(tmp_path, "trainer:\n  steps: 7\n"), ["trainer.lr=0.5"])
+    assert (cfg.trainer.steps, cfg.trainer.lr, cfg.trainer.eval_every) == (7, 0.5, 50)
+
+
+def test_unknown_key_in_yaml_names_file_and_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"config.yaml: unknown key 'trainer.stepz'"):
+        load_config(write(tmp_path, "trainer:\n  stepz: 3\n"))
+
+
+def test_unknown_key_on_command_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"command line .*unknown key 'method.nmae'"):
+        load_config(write(tmp_path, ""), ["method.nmae=grpo"])
+
+
+def test_wrong_type_names_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"key 'trainer.steps'.*'abc'"):
+        load_config(write(tmp_path, "trainer:\n  steps: abc\n"))
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"config.yaml: line 2.*malformed YAML"):
+        load_config(write(tmp_path, "trainer:\n  steps: [1, 2\n"))
+
+
+def test_registry_names_are_checked(tmp_path):
+    with pytest.raises(ConfigError, match=r"method.name='ppo'.*grpo.*hint_distill"):
+        load_config(write(tmp_path, ""), ["method.name=ppo"])
+    with pytest.raises(ConfigError, match=r"task.name='no_such_task'"):
+        load_config(write(tmp_path, ""), ["task.name=no_such_task"])
+    with pytest.raises(ConfigError, match=r"task.config: .*'digits'"):
+        load_config(write(tmp_path, "task:\n  config:\n    digits: 3\n"))
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(ROOT / "experiments/default", ["seed=3"])
+    (tmp_path / "config.yaml").write_text(to_yaml(cfg))
+    assert load_config(tmp_path) == load_config(tmp_path)
+    assert load_config(tmp_path).seed == 3
+
+
+def test_cli_stops_before_any_work_with_one_clear_line(tmp_path):
+    out = run_cli(["experiments/default", "trainer.stepz=1", f"output_dir={tmp_path}"])
+    assert out.returncode == 2
+    assert "config error: command line 'trainer.stepz=1': unknown key 'trainer.stepz'" in out.stderr
+    assert not any(Path(tmp_path).iterdir())

@@ -1,0 +1,91 @@
+"""Whole runs through the real CLI: run folder contents, resume, and the NaN guard."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from conftest import TINY, run_cli
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(l).items() if not k.startswith("time/")} for l in lines]
+
+
+def only_run(base: Path) -> Path:
+    runs = [d for d in base.iterdir() if d.is_dir()]
+    assert len(runs) == 1
+    return runs[0]
+
+
+@pytest.mark.parametrize("method", ["hint_distill", "grpo"])
+def test_short_run_writes_a_complete_run_folder(tmp_path, tiny_overrides, method):
+    out = run_cli(["experiments/default", *tiny_overrides, f"method.name={method}"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    run_dir = only_run(tmp_path / "runs" / "default")
+    assert f"run folder: {run_dir}" in out.stdout
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["method"]["name"] == method and saved["run_name"] == run_dir.name
+    assert list(run_dir.glob("events.out.tfevents.*"))
+    metrics = read_metrics(run_dir)
+    assert [m["step"] for m in metrics] == list(range(0, 8))        # eval at 0, then 7 steps
+    assert "loss/sft" in metrics[1] and "loss/pg" in metrics[-1]
+    assert {"eval/accuracy", "eval/accuracy_hinted"} <= set(metrics[-1])
+    assert "train/reward_mean" in metrics[-1]
+    if method == "hint_distill":
+        assert any("loss/distill" in m for m in metrics[4:])
+        assert {"hint/rate", "hint/leak_rate"} <= set(metrics[-1])
+    else:
+        assert not any("loss/distill" in m or "hint/rate" in m for m in metrics)
+    rollouts = [json.loads(l) for l in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    assert {"prompt", "attempt", "reward", "hint", "feedback", "step"} <= set(rollouts[0])
+    assert {r["step"] for r in rollouts} == {4, 5, 6, 7}
+    ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.is_dir())
+    assert ckpts == ["step_0000006", "step_0000007"]                  # keep_checkpoints=2
+
+
+def test_resume_continues_bit_identically(tmp_path):
+    base = TINY + ["trainer.checkpoint_every=3", "method.name=hint_distill"]
+    full = run_cli(["experiments/default", *base, f"output_dir={tmp_path / 'a'}", "run_name=r"])
+    assert full.returncode == 0, full.stderr[-3000:]
+    # Stop after step 3 (warm-start done, no RL yet), then resume with the full step budget.
+    part = run_cli(["experiments/default", *base, f"output_dir={tmp_path / 'b'}", "run_name=r",
+                    "trainer.steps=1"])  # total 4 steps: checkpoints at 3 and 4
+    assert part.returncode == 0, part.stderr[-3000:]
+    # Drop the step-4 checkpoint so the resume starts mid-run from step 3.
+    import shutil
+    shutil.rmtree(tmp_path / "b/default/r/checkpoints/step_0000004")
+    resumed = run_cli(["experiments/default", *base, f"output_dir={tmp_path / 'b'}", "resume=true"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = read_metrics(tmp_path / "a/default/r"), read_metrics(tmp_path / "b/default/r")
+    assert [m["step"] for m in b] == [m["step"] for m in a]
+    assert a == b, "resumed run differs from the uninterrupted one"
+    ra = (tmp_path / "a/default/r/rollouts.jsonl").read_text()
+    assert ra == (tmp_path / "b/default/r/rollouts.jsonl").read_text()
+
+
+def test_existing_run_is_not_overwritten(tmp_path, tiny_overrides):
+    assert run_cli(["experiments/default", *tiny_overrides, "run_name=x"]).returncode == 0
+    again = run_cli(["experiments/default", *tiny_overrides, "run_name=x"])
+    assert again.returncode == 2 and "resume=true" in again.stderr
+
+
+def test_nonfinite_loss_stops_without_touching_weights(tmp_path, tiny_overrides, monkeypatch):
+    from rl import trainer as trainer_mod
+    from rl.config import load_config
+    from rl.train import resolve_run_dir
+
+    cfg = load_config("experiments/default", tiny_overrides + ["trainer.max_nonfinite_steps=2"])
+    run_dir = resolve_run_dir(cfg)
+    t = trainer_mod.Trainer(cfg, run_dir)
+    before = [p.detach().clone() for p in t.model.parameters()]
+    real_sft = trainer_mod.sft_loss
+    monkeypatch.setattr(trainer_mod, "sft_loss",
+                        lambda logp, mask: (real_sft(logp, mask)[0] * float("nan"), {}))
+    with pytest.raises(trainer_mod.NonFiniteLossError, match="2 consecutive steps"):
+        t.train()
+    assert all(torch.equal(a, p) for a, p in zip(before, t.model.parameters()))
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and "train/nonfinite_skipped" in lines[1]   # eval at 0, step 1 skipped
