@@ -70,3 +70,35 @@ def test_cuda_op_rejects_cpu_inputs_clearly():
     offsets = torch.tensor([0, 8], dtype=torch.int32, device="cuda")
     with pytest.raises(RuntimeError, match="needs CUDA tensors"):
         torch.ops.hintrl.permute(x, ids, offsets, 1)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_experts_parity_with_eager(dtype):
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    import student.experts
+
+    cfg = Qwen3MoeConfig(vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, intermediate_size=64, moe_intermediate_size=32,
+                         num_experts=16, num_experts_per_tok=4)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, experts_implementation="eager").to("cuda", dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.1)
+    ids = torch.randint(0, 64, (2, 33), device="cuda")
+    outs = {}
+    for impl in ("eager", "hintrl"):
+        model.set_experts_implementation(impl)
+        model.zero_grad()
+        logits = model(ids).logits
+        logits.float().square().mean().backward()
+        outs[impl] = (logits.float(), model.model.layers[0].mlp.experts.down_proj.grad.float().clone())
+    student.experts.use_hintrl_gating(model)
+    model.zero_grad()
+    gated = model(ids).logits.float()
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(outs["hintrl"][0], outs["eager"][0], rtol=tol, atol=tol)
+    torch.testing.assert_close(outs["hintrl"][1], outs["eager"][1], rtol=tol, atol=tol)
+    torch.testing.assert_close(gated, outs["eager"][0], rtol=tol, atol=tol)

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One prepared GPU check (< 5 min on an H100/H200-class machine): build the CUDA extension for the
+# visible GPU, run the GPU tests and the CPU kernel tests, then a short MoE benchmark on CUDA.
+# Usage: scripts/gpu_check.sh            (results: benchmarks/results/moe-cuda.{json,md}, copied to $OUT if set)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+if [ -x .venv/bin/python ]; then export PATH="$ROOT/.venv/bin:$PATH"; else source scripts/bootstrap.sh; fi
+export CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}"
+t0=$(date +%s)
+stamp() { echo "[gpu_check +$(( $(date +%s) - t0 ))s] $*"; }
+
+stamp "GPU: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1)"
+arch=$(python -c "import torch; c = torch.cuda.get_device_capability(); print(f'{c[0]}.{c[1]}')")
+stamp "building kernels (TORCH_CUDA_ARCH_LIST=$arch)"
+TORCH_CUDA_ARCH_LIST="$arch" MAX_JOBS="${MAX_JOBS:-8}" python setup.py build_ext --inplace > /tmp/hintrl_build.log 2>&1 \
+  || { tail -50 /tmp/hintrl_build.log; exit 1; }
+python -m kernels.info
+
+stamp "tests"
+timeout 150 python -m pytest -q -p no:cacheprovider tests/test_kernels_cuda.py tests/test_kernels_ops.py
+
+stamp "benchmark"
+timeout 120 python -m benchmarks.moe --device cuda --iters 5
+if [ -n "${OUT:-}" ]; then cp benchmarks/results/moe-cuda.* "$OUT"/; fi
+stamp "done"
