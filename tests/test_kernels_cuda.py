@@ -14,7 +14,11 @@ from kernels import ops, reference as ref
 CUDA_HOME = os.environ.get("CUDA_HOME") or next(
     (d for d in ("/usr/local/cuda-13.0", "/usr/local/cuda") if os.path.exists(os.path.join(d, "bin", "nvcc"))), None)
 HAVE_NVCC = bool(CUDA_HOME and os.path.exists(os.path.join(CUDA_HOME, "bin", "nvcc"))) or shutil.which("nvcc")
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+_skip_without_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def gpu(fn):
+    return pytest.mark.gpu(_skip_without_gpu(fn))
 
 
 @pytest.mark.skipif(torch.version.cuda is None or not HAVE_NVCC, reason="CPU-only torch or no nvcc: no CUDA build")
