@@ -169,3 +169,18 @@ def test_grouped_mm_matches_loop():
                ref.grouped_mm_loop(xs, w, offsets), torch.float32)
     _close(ops.grouped_mm(xs.double(), w.double(), offsets), ref.grouped_mm_loop(xs.double(), w.double(), offsets),
            torch.float64)
+
+
+def test_permute_rejects_offsets_of_other_ids():
+    ids_TK = torch.tensor([[0, 1], [0, 1]])
+    wrong_offsets = torch.tensor([0, 1, 4], dtype=torch.int32)  # expert 0 has two slots, not one
+    with pytest.raises(RuntimeError, match="offsets do not fit ids"):
+        torch.ops.hintrl.permute(torch.ones(2, 4), ids_TK, wrong_offsets, 1)
+
+
+def test_info_reports_backends():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "kernels.info"], capture_output=True, text=True, check=True).stdout
+    assert "cpu  permute            cpu-ext" in out
+    assert ops.backend("mps")[0] == "torch"  # no kernels for other devices: the reference path

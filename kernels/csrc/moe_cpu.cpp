@@ -132,6 +132,10 @@ std::tuple<at::Tensor, at::Tensor> permute_cpu(const at::Tensor& x_TD, const at:
   std::vector<int32_t> hist(C * E, 0), counts(E);
   const int64_t* idp = ids.data_ptr<int64_t>();
   count_chunks(idp, S, E, C, hist.data(), counts.data());
+  // Offsets from other ids would send rows past the end of xs: check they hold these ids' groups.
+  for (int64_t e = 0; e < E; ++e)
+    TORCH_CHECK(off[e] >= 0 && off[e + 1] - off[e] >= counts[e], "permute: offsets do not fit ids (expert ", e,
+                " has ", counts[e], " slots, offsets give ", off[e + 1] - off[e], "); use expert_counts(ids)");
   int64_t* pos = pos_TK.data_ptr<int64_t>();
   const int64_t per = (S + C - 1) / C;
   at::parallel_for(0, C, 1, [&](int64_t b, int64_t e) {
