@@ -38,6 +38,7 @@ class MethodConfig:
     distill_coef: float = 1.0                # weight of the on-policy distillation KL
     distill_kl: str = "reverse"              # "reverse" KL(s||t), "forward" KL(t||s), "jsd"
     distill_estimator: str = "full"          # "full" vocabulary or "sampled" token only
+    distill_span: str = "first_divergence"   # "all" target tokens, or up to the teacher's first disagreement
 
 
 @dataclass
@@ -145,6 +146,7 @@ def validate(cfg: RunConfig) -> None:
     _choice(cfg.method.name, METHODS, "method.name")
     _choice(cfg.method.distill_kl, {"reverse", "forward", "jsd"}, "method.distill_kl")
     _choice(cfg.method.distill_estimator, {"full", "sampled"}, "method.distill_estimator")
+    _choice(cfg.method.distill_span, {"all", "first_divergence"}, "method.distill_span")
     _choice(cfg.student.arch, ARCHITECTURES, "student.arch")
     _choice(cfg.teacher.kind, TEACHERS, "teacher.kind")
     _choice(cfg.rollout.engine, {"hf"}, "rollout.engine")

@@ -61,23 +61,16 @@ def lr_at(step: int, cfg) -> float:
     return tr.lr * min(1.0, (rl_step + 1) / max(1, tr.warmup_steps))
 
 
-class RunSchedule:
-    """A picklable LambdaLR factor: the optimizer's base lr is 1, so the factor IS the lr."""
-
-    def __init__(self, cfg):
-        self.cfg = cfg
-
-    def __call__(self, step: int) -> float:
-        return lr_at(step, self.cfg)
-
-
 def build_engine(model: torch.nn.Module, cfg):
     import deepspeed
 
     init_distributed()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1.0, betas=(0.9, 0.999), eps=1e-8,
                                   weight_decay=cfg.trainer.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, RunSchedule(cfg))
+    # The optimizer's base lr is 1, so the factor IS the lr. A plain function, not a callable
+    # object: LambdaLR checkpoints an object's __dict__ and would restore the old config on
+    # resume, silently ignoring a changed trainer.lr.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_at(step, cfg))
     engine, optimizer, _, scheduler = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(cfg))
     return engine, optimizer, scheduler

@@ -38,6 +38,19 @@ def policy_gradient_loss(logp_NC, old_logp_NC, adv_N, mask_NC, clip_eps: float =
     return loss, {"loss/pg": loss.item(), "train/clip_frac": clip_frac.item()}
 
 
+def span_to_first_divergence(teacher_logp_NCV, tokens_NC, mask_NC):
+    """Keep tokens up to and including the first one the teacher would not have produced.
+
+    Past that token the student's prefix is one the hinted teacher already rejects, and its
+    distribution there says "this attempt is wrong, keep going" (e.g. no <eos> after a wrong
+    digit) — a preference the hint-free student cannot act on. Distilling those positions taught
+    a 1M-parameter student to stop ending its answers (experiments/default/README.md).
+    """
+    disagree_NC = (teacher_logp_NCV.argmax(-1) != tokens_NC) & mask_NC
+    disagreements_before_NC = disagree_NC.long().cumsum(-1) - disagree_NC.long()
+    return mask_NC & (disagreements_before_NC == 0)
+
+
 def distill_kl_loss(student_logp_NCV, teacher_logp_NCV, mask_NC, kind: str = "reverse"):
     """Full-vocabulary KL per token between student s and (detached) teacher t, token-mean.
 

@@ -21,7 +21,7 @@ from rl.engine import build_engine
 from rl.evaluate import evaluate
 from rl.feedback import hint_failed_attempts, teacher_logprobs
 from rl.losses import (distill_kl_loss, group_advantages, policy_gradient_loss,
-                       sampled_distill_loss, sft_loss)
+                       sampled_distill_loss, sft_loss, span_to_first_divergence)
 from rl.methods import get_method
 from rl.rollout import generate, right_pad, score
 from rl.runlog import RunLogger
@@ -155,7 +155,7 @@ class Trainer:
             if hinted.rows:
                 teacher_NC, teacher_NCV = teacher_logprobs(
                     self.model, hinted, roll.completion_ids_NC, pad_id=tok.pad_id,
-                    temperature=ro.temperature, full=full)
+                    temperature=ro.temperature)
             lap("hinted_scoring")
 
         # 5. advantages, 6. loss
@@ -168,6 +168,9 @@ class Trainer:
                                              cfg.method.clip_eps)
         if teacher_NC is not None:
             rows, mask_HC = hinted.rows, roll.mask_NC[hinted.rows]
+            if cfg.method.distill_span == "first_divergence":
+                mask_HC = span_to_first_divergence(teacher_NCV, roll.completion_ids_NC[rows], mask_HC)
+            metrics["hint/distill_tokens"] = mask_HC.sum().item() / len(rows)
             if full:
                 distill, m = distill_kl_loss(logp_NCV[rows], teacher_NCV, mask_HC, cfg.method.distill_kl)
             else:

@@ -4,7 +4,7 @@ import math
 import torch
 
 from rl.losses import (distill_kl_loss, group_advantages, policy_gradient_loss,
-                       sampled_distill_loss, sft_loss)
+                       sampled_distill_loss, sft_loss, span_to_first_divergence)
 
 
 def test_group_advantages_dr_grpo_and_std():
@@ -98,3 +98,16 @@ def test_sft_is_masked_mean_nll():
     logp = torch.log(torch.tensor([[0.5, 0.25, 0.1]]))
     loss, _ = sft_loss(logp, torch.tensor([[True, True, False]]))
     assert math.isclose(loss.item(), (math.log(2) + math.log(4)) / 2, rel_tol=1e-6)
+
+
+def test_distill_span_stops_after_first_teacher_disagreement():
+    # teacher argmax per position: 1, 2, 0, 0 ; student tokens: 1, 0, 0, 3 -> disagrees at t=1
+    t = torch.log(torch.tensor([[[0.1, 0.7, 0.1, 0.1], [0.1, 0.1, 0.7, 0.1],
+                                 [0.7, 0.1, 0.1, 0.1], [0.7, 0.1, 0.1, 0.1]]]))
+    tokens = torch.tensor([[1, 0, 0, 3]])
+    mask = torch.tensor([[True, True, True, True]])
+    assert span_to_first_divergence(t, tokens, mask).tolist() == [[True, True, False, False]]
+    # an attempt the teacher fully agrees with keeps every real token, padding stays out
+    agree = torch.tensor([[1, 2, 0, 0]])
+    assert span_to_first_divergence(t, agree, torch.tensor([[True, True, True, False]])).tolist() \
+        == [[True, True, True, False]]
