@@ -184,3 +184,24 @@ def test_info_reports_backends():
     out = subprocess.run([sys.executable, "-m", "kernels.info"], capture_output=True, text=True, check=True).stdout
     assert "cpu  permute            cpu-ext" in out
     assert ops.backend("mps")[0] == "torch"  # no kernels for other devices: the reference path
+
+
+def test_routing_ops_compile_fullgraph():
+    # Fake implementations + autograd registrations let torch.compile trace the ops without breaks.
+    def routing(x_TD, logits_TE):
+        w, ids = ops.topk_gating(logits_TE, 2, True)
+        _c, off = ops.expert_counts(ids, 6)
+        xs, pos = ops.permute(x_TD, ids, off)
+        return ops.unpermute_combine(torch.tanh(xs), pos, w)
+
+    x = torch.randn(10, 8, requires_grad=True)
+    logits = torch.randn(10, 6, requires_grad=True)
+    compiled = torch.compile(routing, backend="aot_eager", fullgraph=True)
+    out = compiled(x, logits)
+    grads = torch.autograd.grad(out.square().sum(), (x, logits))
+    x2, l2 = x.detach().requires_grad_(), logits.detach().requires_grad_()
+    out_eager = routing(x2, l2)
+    grads_eager = torch.autograd.grad(out_eager.square().sum(), (x2, l2))
+    torch.testing.assert_close(out, out_eager)
+    for a, b in zip(grads, grads_eager):
+        torch.testing.assert_close(a, b)
