@@ -131,6 +131,40 @@ __global__ void combine_kernel(const scalar_t* ys, const int64_t* pos, const typ
   }
 }
 
+// Vectorised gather-sum for 16-byte aligned rows: out[t] = sum_k w[t,k] * rows[pos[t,k]] (w null: 1),
+// each thread moving 16-byte packs, since both combine and permute's backward are bandwidth-bound.
+template <typename scalar_t, int V>
+struct alignas(16) Pack {
+  scalar_t v[V];
+};
+
+template <typename scalar_t>
+__global__ void gather_sum_vec_kernel(const scalar_t* rows, const int64_t* pos, const typename Acc<scalar_t>::type* w,
+                                      int K, int64_t D, scalar_t* out) {
+  using acc_t = typename Acc<scalar_t>::type;
+  constexpr int V = 16 / sizeof(scalar_t);
+  using P = Pack<scalar_t, V>;
+  const int64_t t = blockIdx.x;
+  for (int64_t i = threadIdx.x; i < D / V; i += blockDim.x) {
+    acc_t acc[V];
+    for (int j = 0; j < V; ++j) acc[j] = 0;
+    for (int k = 0; k < K; ++k) {
+      const int64_t p = pos[t * K + k];
+      if (p < 0) continue;
+      const acc_t wk = w ? w[t * K + k] : acc_t(1);
+      const P in = reinterpret_cast<const P*>(rows + p * D)[i];
+      for (int j = 0; j < V; ++j) acc[j] += wk * cvt<acc_t>(in.v[j]);
+    }
+    P o;
+    for (int j = 0; j < V; ++j) o.v[j] = cvt<scalar_t>(acc[j]);
+    reinterpret_cast<P*>(out + t * D)[i] = o;
+  }
+}
+
+bool vec_ok(const void* a, const void* b, int64_t D, int64_t elt) {
+  return reinterpret_cast<uintptr_t>(a) % 16 == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0 && (D * elt) % 16 == 0;
+}
+
 // One block per token: each thread covers a strided slice of D, partial dot products for the
 // weight gradients are reduced through shared memory, one slot at a time.
 template <typename scalar_t>
@@ -206,16 +240,26 @@ void launch_permute(Dtype dt, const void* x, const int64_t* ids, int64_t T, int 
 void launch_permute_backward(Dtype dt, const void* g, const int64_t* pos, int64_t T, int K, int64_t D, void* gx,
                              cudaStream_t stream) {
   if (T == 0 || D == 0) return;
-  HINTRL_DISPATCH(dt, permute_backward_kernel<scalar_t><<<T, 128, 0, stream>>>(
-                          static_cast<const scalar_t*>(g), pos, K, D, static_cast<scalar_t*>(gx)));
+  HINTRL_DISPATCH(dt, if (vec_ok(g, gx, D, sizeof(scalar_t))) {
+    gather_sum_vec_kernel<scalar_t><<<T, 128, 0, stream>>>(static_cast<const scalar_t*>(g), pos, nullptr, K, D,
+                                                           static_cast<scalar_t*>(gx));
+  } else {
+    permute_backward_kernel<scalar_t><<<T, 128, 0, stream>>>(static_cast<const scalar_t*>(g), pos, K, D,
+                                                             static_cast<scalar_t*>(gx));
+  });
 }
 
 void launch_unpermute_combine(Dtype dt, const void* ys, const int64_t* pos, const void* w, int64_t T, int K,
                               int64_t D, void* out, cudaStream_t stream) {
   if (T == 0 || D == 0) return;
-  HINTRL_DISPATCH(dt, combine_kernel<scalar_t><<<T, 128, 0, stream>>>(
-                          static_cast<const scalar_t*>(ys), pos, static_cast<const typename Acc<scalar_t>::type*>(w),
-                          K, D, static_cast<scalar_t*>(out)));
+  HINTRL_DISPATCH(dt, using acc_t = typename Acc<scalar_t>::type; if (vec_ok(ys, out, D, sizeof(scalar_t))) {
+    gather_sum_vec_kernel<scalar_t><<<T, 128, 0, stream>>>(static_cast<const scalar_t*>(ys), pos,
+                                                           static_cast<const acc_t*>(w), K, D,
+                                                           static_cast<scalar_t*>(out));
+  } else {
+    combine_kernel<scalar_t><<<T, 128, 0, stream>>>(static_cast<const scalar_t*>(ys), pos,
+                                                    static_cast<const acc_t*>(w), K, D, static_cast<scalar_t*>(out));
+  });
 }
 
 void launch_unpermute_combine_backward(Dtype dt, const void* g, const void* ys, const int64_t* pos, const void* w,
