@@ -62,7 +62,7 @@ class WarmstartConfig:
 @dataclass
 class TrainerConfig:
     steps: int = 100                         # RL steps (after warm-start)
-    lr: float = 3e-4
+    lr: float = 1e-4
     warmup_steps: int = 10
     weight_decay: float = 0.0
     eval_every: int = 50                     # in steps, counting warm-start steps

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ from rl.runlog import RunLogger
 from rl.tasks import TaskSource
 from rl.warmstart import demonstrations
 from student import ByteTokenizer, build_student, count_parameters
+from student.router_replay import RouterReplay
 from teacher import LeakGuard, build_teacher
 
 
@@ -51,6 +53,7 @@ class Trainer:
         model = build_student(cfg.student, self.tok)
         self.engine, _, self.scheduler = build_engine(model, cfg)
         self.model = self.engine.module
+        self.replay = RouterReplay(self.model) if cfg.student.router_replay else None
         self.ckpt_dir = run_dir / "checkpoints"
         self.step, self.nonfinite_streak, resume_step = 0, 0, None
         if cfg.resume:
@@ -136,8 +139,10 @@ class Trainer:
         group = [p for p in problems for _ in range(ro.attempts_per_prompt)]
         prompts = [tok.render_prompt(p.prompt) for p in group]
         self.engine.eval()
-        roll = generate(self.model, prompts, max_new_tokens=ro.max_new_tokens, eos_id=tok.eos_id,
-                        pad_id=tok.pad_id, temperature=ro.temperature)
+        with self.replay.record() if self.replay else nullcontext() as recording:
+            roll = generate(self.model, prompts, max_new_tokens=ro.max_new_tokens, eos_id=tok.eos_id,
+                            pad_id=tok.pad_id, temperature=ro.temperature)
+        routes = recording.routes(batch_size=len(prompts)) if self.replay else None
         attempts = [tok.decode(row.tolist()) for row in roll.completion_ids_NC]
         lap("rollout")
 
@@ -161,9 +166,10 @@ class Trainer:
         # 5. advantages, 6. loss
         adv_N = group_advantages(rewards_BG, cfg.method.adv_std_norm).flatten()
         self.engine.train()
-        logp_NC, logp_NCV, aux = score(self.engine, prompts, roll.completion_ids_NC, pad_id=tok.pad_id,
-                                       temperature=ro.temperature, full=full and bool(hinted and hinted.rows),
-                                       router_logits=True)
+        with self.replay.replay(routes) if self.replay else nullcontext():
+            logp_NC, logp_NCV, aux = score(self.engine, prompts, roll.completion_ids_NC, pad_id=tok.pad_id,
+                                           temperature=ro.temperature,
+                                           full=full and bool(hinted and hinted.rows), router_logits=True)
         loss, metrics = policy_gradient_loss(logp_NC, roll.logprobs_NC, adv_N, roll.mask_NC,
                                              cfg.method.clip_eps)
         if teacher_NC is not None:
@@ -183,6 +189,10 @@ class Trainer:
         metrics.update(self._update(loss, aux))
         lap("backward_step")
 
+        if self.replay:
+            # How often the training forward would have routed a token differently from rollout.
+            metrics["router/replay_mismatch"] = self.replay.stats()["mismatch_rate"]
+            self.replay.reset_stats()
         metrics.update(self._rl_stats(rewards_BG, roll, hinted))
         metrics.update(timings)
         self._log_rollouts(group, attempts, verdicts, hinted)

@@ -7,7 +7,9 @@ HINTRL_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$HINTRL_ROOT/.venv"
 TORCH_SPEC="${HINTRL_TORCH:-torch==2.14.1}"
 
-if [ ! -f "$VENV/.hintrl-installed" ] || [ "$HINTRL_ROOT/setup.py" -nt "$VENV/.hintrl-installed" ]; then
+# (Re)install when the venv is new, or setup.py or the kernel sources changed since the last build.
+if [ ! -f "$VENV/.hintrl-installed" ] || [ -n "$(find "$HINTRL_ROOT/setup.py" "$HINTRL_ROOT/kernels/csrc" \
+     -newer "$VENV/.hintrl-installed" -print -quit 2>/dev/null)" ]; then
   echo "[bootstrap] setting up $VENV (first run: a few minutes)" >&2
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip

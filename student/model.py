@@ -13,6 +13,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from student.experts import use_hintrl_gating
 from student.tokenizer import ByteTokenizer
 
 
@@ -29,7 +30,8 @@ class StudentConfig:
     expert_width: int = 256          # intermediate size of one expert MLP
     max_positions: int = 256
     router_aux_loss_coef: float = 0.001
-    experts_implementation: str = "eager"   # transformers ExpertsInterface name ("hintrl" = ours)
+    experts_implementation: str = "hintrl"  # transformers ExpertsInterface name: "hintrl" (ours), "eager", "grouped_mm"
+    router_replay: bool = True       # training forward reuses the experts chosen at rollout time
     attn_implementation: str = "sdpa"
     dtype: str = "float32"
 
@@ -92,8 +94,12 @@ def build_student(cfg: StudentConfig, tok: ByteTokenizer) -> PreTrainedModel:
     kwargs = dict(attn_implementation=cfg.attn_implementation,
                   experts_implementation=cfg.experts_implementation, dtype=dtype)
     if cfg.checkpoint:
-        return AutoModelForCausalLM.from_pretrained(cfg.checkpoint, **kwargs)
-    return AutoModelForCausalLM.from_config(model_config(cfg, tok), **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(cfg.checkpoint, **kwargs)
+    else:
+        model = AutoModelForCausalLM.from_config(model_config(cfg, tok), **kwargs)
+    if cfg.experts_implementation == "hintrl":
+        use_hintrl_gating(model)     # the routers' top-k on our gating kernel too
+    return model
 
 
 def count_parameters(model: torch.nn.Module) -> int:

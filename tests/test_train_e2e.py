@@ -34,6 +34,7 @@ def test_short_run_writes_a_complete_run_folder(tmp_path, tiny_overrides, method
     assert "loss/sft" in metrics[1] and "loss/pg" in metrics[-1]
     assert {"eval/accuracy", "eval/accuracy_hinted"} <= set(metrics[-1])
     assert "train/reward_mean" in metrics[-1]
+    assert 0.0 <= metrics[-1]["router/replay_mismatch"] <= 1.0      # router replay is on by default
     if method == "hint_distill":
         assert any("loss/distill" in m for m in metrics[4:])
         assert {"hint/rate", "hint/leak_rate"} <= set(metrics[-1])
