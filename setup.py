@@ -53,7 +53,7 @@ setup(
         "reasoning-gym",
     ],
     extras_require={
-        "dev": ["pytest", "pytest-timeout"],
+        "dev": ["pytest", "pytest-timeout", "pandas", "matplotlib", "nbformat", "nbclient", "nbconvert", "ipykernel"],
         "vllm": ["vllm>=0.33"],
         "flash": ["flash-attn"],
         "gguf": ["gguf", "accelerate"],
