@@ -20,8 +20,8 @@ import pandas as pd
 import yaml
 
 ROLLOUT_COLUMNS = ["step", "prompt", "answer", "attempt", "reward", "feedback", "hint"]
-# Per-layer expert load, when a trainer logs it: tokens routed to each expert, one key per
-# (layer, expert), e.g. "expert_load/layer0/expert3". No trainer writes these yet.
+# Per-layer expert load: the share of routed slots each expert took, one key per
+# (layer, expert), e.g. "expert_load/layer0/expert3", written by rl/trainer.py at eval steps.
 EXPERT_LOAD_KEY = re.compile(r"^expert_load/layer(\d+)/expert(\d+)$")
 
 

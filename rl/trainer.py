@@ -24,7 +24,7 @@ from rl.feedback import hint_failed_attempts, teacher_logprobs
 from rl.losses import (distill_kl_loss, group_advantages, policy_gradient_loss,
                        sampled_distill_loss, sft_loss, span_to_first_divergence)
 from rl.methods import get_method
-from rl.rollout import generate, right_pad, score
+from rl.rollout import generate, left_pad, right_pad, score
 from rl.runlog import RunLogger
 from rl.tasks import TaskSource
 from rl.warmstart import demonstrations
@@ -53,7 +53,8 @@ class Trainer:
         model = build_student(cfg.student, self.tok)
         self.engine, _, self.scheduler = build_engine(model, cfg)
         self.model = self.engine.module
-        self.replay = RouterReplay(self.model) if cfg.student.router_replay else None
+        # Routes are recorded at every rollout (expert load); replayed only if configured.
+        self.routers = RouterReplay(self.model)
         self.ckpt_dir = run_dir / "checkpoints"
         self.step, self.nonfinite_streak, resume_step = 0, 0, None
         if cfg.resume:
@@ -81,7 +82,7 @@ class Trainer:
                 metrics = self.warmstart_step() if in_warmstart else self.rl_step()
                 self.step += 1
                 metrics["time/step_s"] = time.perf_counter() - start
-                if self._eval_due():
+                if self._eval_due(self.step):
                     last_eval = self.evaluate()
                     metrics.update(last_eval)
                 self.log.log_metrics(self.step, metrics)
@@ -97,8 +98,7 @@ class Trainer:
             self.log.close()
         return last_eval
 
-    def _eval_due(self) -> bool:
-        s = self.step
+    def _eval_due(self, s: int) -> bool:
         return (s % self.cfg.trainer.eval_every == 0 or s == self.cfg.warmstart.steps
                 or s == self.total_steps)
 
@@ -139,10 +139,10 @@ class Trainer:
         group = [p for p in problems for _ in range(ro.attempts_per_prompt)]
         prompts = [tok.render_prompt(p.prompt) for p in group]
         self.engine.eval()
-        with self.replay.record() if self.replay else nullcontext() as recording:
+        with self.routers.record() as recording:
             roll = generate(self.model, prompts, max_new_tokens=ro.max_new_tokens, eos_id=tok.eos_id,
                             pad_id=tok.pad_id, temperature=ro.temperature)
-        routes = recording.routes(batch_size=len(prompts)) if self.replay else None
+        routes = recording.routes(batch_size=len(prompts))
         attempts = [tok.decode(row.tolist()) for row in roll.completion_ids_NC]
         lap("rollout")
 
@@ -166,7 +166,7 @@ class Trainer:
         # 5. advantages, 6. loss
         adv_N = group_advantages(rewards_BG, cfg.method.adv_std_norm).flatten()
         self.engine.train()
-        with self.replay.replay(routes) if self.replay else nullcontext():
+        with self.routers.replay(routes) if cfg.student.router_replay else nullcontext():
             logp_NC, logp_NCV, aux = score(self.engine, prompts, roll.completion_ids_NC, pad_id=tok.pad_id,
                                            temperature=ro.temperature,
                                            full=full and bool(hinted and hinted.rows), router_logits=True)
@@ -189,10 +189,12 @@ class Trainer:
         metrics.update(self._update(loss, aux))
         lap("backward_step")
 
-        if self.replay:
+        if cfg.student.router_replay:
             # How often the training forward would have routed a token differently from rollout.
-            metrics["router/replay_mismatch"] = self.replay.stats()["mismatch_rate"]
-            self.replay.reset_stats()
+            metrics["router/replay_mismatch"] = self.routers.stats()["mismatch_rate"]
+            self.routers.reset_stats()
+        if self._eval_due(self.step + 1):
+            metrics.update(self._expert_load(routes, prompts, roll.mask_NC))
         metrics.update(self._rl_stats(rewards_BG, roll, hinted))
         metrics.update(timings)
         self._log_rollouts(group, attempts, verdicts, hinted)
@@ -220,6 +222,20 @@ class Trainer:
         self.engine.step()
         metrics["loss/total"] = loss.item()
         return metrics
+
+    def _expert_load(self, routes, prompts, mask_NC) -> dict[str, float]:
+        """Share of routed slots each expert took per layer, over the rollout's real tokens.
+
+        Logged at eval steps as expert_load/layer<L>/expert<E> (notebooks/analyze_run.ipynb).
+        """
+        _, prompt_mask_NP = left_pad(prompts, self.tok.pad_id)
+        real_NS = torch.cat([prompt_mask_NP.bool(), mask_NC], dim=1)
+        num_experts, out = self.cfg.student.num_experts, {}
+        for layer, ids_NSK in enumerate(routes):
+            ids = ids_NSK[real_NS[:, :ids_NSK.shape[1]]].flatten()
+            share = torch.bincount(ids, minlength=num_experts).float() / max(1, ids.numel())
+            out.update({f"expert_load/layer{layer}/expert{e}": share[e].item() for e in range(num_experts)})
+        return out
 
     def _rl_stats(self, rewards_BG, roll, hinted) -> dict[str, float]:
         stats = {

@@ -41,7 +41,7 @@ def test_wrong_type_names_key(tmp_path):
 
 
 def test_malformed_yaml_names_file_and_line(tmp_path):
-    with pytest.raises(ConfigError, match=r"config.yaml: line 2.*malformed YAML"):
+    with pytest.raises(ConfigError, match=r"config.yaml: line \d+, column \d+ malformed YAML"):
         load_config(write(tmp_path, "trainer:\n  steps: [1, 2\n"))
 
 

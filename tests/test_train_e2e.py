@@ -35,6 +35,9 @@ def test_short_run_writes_a_complete_run_folder(tmp_path, tiny_overrides, method
     assert {"eval/accuracy", "eval/accuracy_hinted"} <= set(metrics[-1])
     assert "train/reward_mean" in metrics[-1]
     assert 0.0 <= metrics[-1]["router/replay_mismatch"] <= 1.0      # router replay is on by default
+    load = [v for k, v in metrics[-1].items() if k.startswith("expert_load/layer0/")]
+    assert len(load) == 4 and abs(sum(load) - 1.0) < 1e-5              # logged at eval steps
+    assert not any(k.startswith("expert_load/") for k in metrics[5])    # step 5: no eval
     if method == "hint_distill":
         assert any("loss/distill" in m for m in metrics[4:])
         assert {"hint/rate", "hint/leak_rate"} <= set(metrics[-1])
