@@ -173,15 +173,8 @@ class Trainer:
         loss, metrics = policy_gradient_loss(logp_NC, roll.logprobs_NC, adv_N, roll.mask_NC,
                                              cfg.method.clip_eps)
         if teacher_NC is not None:
-            rows, mask_HC = hinted.rows, roll.mask_NC[hinted.rows]
-            if cfg.method.distill_span == "first_divergence":
-                mask_HC = span_to_first_divergence(teacher_NCV, roll.completion_ids_NC[rows], mask_HC)
-            metrics["hint/distill_tokens"] = mask_HC.sum().item() / len(rows)
-            if full:
-                distill, m = distill_kl_loss(logp_NCV[rows], teacher_NCV, mask_HC, cfg.method.distill_kl)
-            else:
-                distill, m = sampled_distill_loss(logp_NC[rows], teacher_NC, mask_HC)
-            loss = loss + cfg.method.distill_coef * distill
+            distill, m = self._distill_term(logp_NC, logp_NCV, teacher_NC, teacher_NCV, hinted, roll)
+            loss = loss + distill
             metrics.update(m)
         lap("forward")
 
@@ -222,6 +215,19 @@ class Trainer:
         self.engine.step()
         metrics["loss/total"] = loss.item()
         return metrics
+
+    def _distill_term(self, logp_NC, logp_NCV, teacher_HC, teacher_HCV, hinted, roll):
+        """coef × KL toward the hinted teacher on the hinted rows (H of N); (loss term, metrics)."""
+        m, rows = self.cfg.method, hinted.rows
+        mask_HC = roll.mask_NC[rows]
+        if m.distill_span == "first_divergence":
+            mask_HC = span_to_first_divergence(teacher_HCV, roll.completion_ids_NC[rows], mask_HC)
+        if m.distill_estimator == "full":
+            distill, metrics = distill_kl_loss(logp_NCV[rows], teacher_HCV, mask_HC, m.distill_kl)
+        else:
+            distill, metrics = sampled_distill_loss(logp_NC[rows], teacher_HC, mask_HC)
+        metrics["hint/distill_tokens"] = mask_HC.sum().item() / len(rows)
+        return m.distill_coef * distill, metrics
 
     def _expert_load(self, routes, prompts, mask_NC) -> dict[str, float]:
         """Share of routed slots each expert took per layer, over the rollout's real tokens.

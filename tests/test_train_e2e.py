@@ -20,9 +20,12 @@ def only_run(base: Path) -> Path:
     return runs[0]
 
 
-@pytest.mark.parametrize("method", ["hint_distill", "grpo"])
-def test_short_run_writes_a_complete_run_folder(tmp_path, tiny_overrides, method):
-    out = run_cli(["experiments/default", *tiny_overrides, f"method.name={method}"])
+@pytest.mark.parametrize("method, extra", [
+    ("hint_distill", []), ("grpo", []),
+    ("hint_distill", ["method.distill_estimator=sampled", "method.distill_span=all"]),
+])
+def test_short_run_writes_a_complete_run_folder(tmp_path, tiny_overrides, method, extra):
+    out = run_cli(["experiments/default", *tiny_overrides, f"method.name={method}", *extra])
     assert out.returncode == 0, out.stderr[-3000:]
     run_dir = only_run(tmp_path / "runs" / "default")
     assert f"run folder: {run_dir}" in out.stdout
