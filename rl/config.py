@@ -85,8 +85,6 @@ class DeepSpeedConfig:
 class LauncherConfig:
     nproc_per_node: int = 1
     nnodes: int = 1
-    hostfile: str = ""
-    master_port: int = 29500
 
 
 @dataclass

@@ -53,7 +53,7 @@ def generate(model, prompt_ids: list[list[int]], *, max_new_tokens: int, eos_id:
         tok_N = logp_NV.argmax(-1) if greedy else torch.multinomial(logp_NV.exp(), 1).squeeze(-1)
         tok_N = torch.where(done, torch.full_like(tok_N, pad_id), tok_N)
         tokens.append(tok_N)
-        logps.append(logp_NV.gather(-1, tok_N.clamp(max=logp_NV.shape[-1] - 1)[:, None]).squeeze(-1))
+        logps.append(logp_NV.gather(-1, tok_N[:, None]).squeeze(-1))
         done = done | (tok_N == eos_id)
         if bool(done.all()) or t == max_new_tokens - 1:
             break
@@ -85,7 +85,7 @@ def score(model, prompt_ids: list[list[int]], completion_NC: torch.Tensor, *, pa
     # logits at position t predict token t+1: the last prompt position predicts completion[0].
     logits_NCV = out.logits[:, -(c + 1):-1].float() / temperature
     logp_NCV = F.log_softmax(logits_NCV, dim=-1)
-    logprobs_NC = logp_NCV.gather(-1, completion_NC.clamp(max=logp_NCV.shape[-1] - 1)[..., None]).squeeze(-1)
+    logprobs_NC = logp_NCV.gather(-1, completion_NC[..., None]).squeeze(-1)
     aux = getattr(out, "aux_loss", None) if router_logits else None
     return logprobs_NC, (logp_NCV if full else None), aux
 

@@ -6,7 +6,7 @@ which a teacher may read but must never reveal (see `teacher.leak`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Protocol
 
 
@@ -27,7 +27,6 @@ class Hint:
 class TeacherConfig:
     kind: str = "rule"            # key of TEACHERS
     max_hint_chars: int = 80      # longer hints are cut: a hint is a nudge, not a solution
-    options: dict = field(default_factory=dict)   # kind-specific settings
 
 
 class Teacher(Protocol):

@@ -102,20 +102,8 @@ __global__ void gather_rows_kernel(const scalar_t* x, const int64_t* src, int K,
     xs[r * D + d] = s < 0 ? cvt<scalar_t>(typename Acc<scalar_t>::type(0)) : x[(s / K) * D + d];
 }
 
-template <typename scalar_t>
-__global__ void permute_backward_kernel(const scalar_t* g, const int64_t* pos, int K, int64_t D, scalar_t* gx) {
-  using acc_t = typename Acc<scalar_t>::type;
-  const int64_t t = blockIdx.x;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-    acc_t acc = 0;
-    for (int k = 0; k < K; ++k) {
-      const int64_t p = pos[t * K + k];
-      if (p >= 0) acc += cvt<acc_t>(g[p * D + d]);
-    }
-    gx[t * D + d] = cvt<scalar_t>(acc);
-  }
-}
-
+// out[t] = sum_k w[t,k] * ys[pos[t,k]]; w == nullptr means weight 1, which makes it the
+// backward of permute (the gradient of a gathered row sums back into its token).
 template <typename scalar_t>
 __global__ void combine_kernel(const scalar_t* ys, const int64_t* pos, const typename Acc<scalar_t>::type* w,
                                int K, int64_t D, scalar_t* out) {
@@ -125,7 +113,7 @@ __global__ void combine_kernel(const scalar_t* ys, const int64_t* pos, const typ
     acc_t acc = 0;
     for (int k = 0; k < K; ++k) {
       const int64_t p = pos[t * K + k];
-      if (p >= 0) acc += w[t * K + k] * cvt<acc_t>(ys[p * D + d]);
+      if (p >= 0) acc += (w ? w[t * K + k] : acc_t(1)) * cvt<acc_t>(ys[p * D + d]);
     }
     out[t * D + d] = cvt<scalar_t>(acc);
   }
@@ -244,8 +232,8 @@ void launch_permute_backward(Dtype dt, const void* g, const int64_t* pos, int64_
     gather_sum_vec_kernel<scalar_t><<<T, 128, 0, stream>>>(static_cast<const scalar_t*>(g), pos, nullptr, K, D,
                                                            static_cast<scalar_t*>(gx));
   } else {
-    permute_backward_kernel<scalar_t><<<T, 128, 0, stream>>>(static_cast<const scalar_t*>(g), pos, K, D,
-                                                             static_cast<scalar_t*>(gx));
+    combine_kernel<scalar_t><<<T, 128, 0, stream>>>(static_cast<const scalar_t*>(g), pos, nullptr, K, D,
+                                                    static_cast<scalar_t*>(gx));
   });
 }
 
