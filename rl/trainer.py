@@ -211,8 +211,12 @@ class Trainer:
                     f"{self.ckpt_dir / last[-1] if last else 'none'} (resume=true continues from it)")
             return metrics
         self.nonfinite_streak = 0
+        start = time.perf_counter()
         self.engine.backward(loss)
+        metrics["time/backward_s"] = time.perf_counter() - start
+        start = time.perf_counter()
         self.engine.step()
+        metrics["time/optimizer_s"] = time.perf_counter() - start   # clip + AdamW + schedule
         metrics["loss/total"] = loss.item()
         return metrics
 
