@@ -1,8 +1,10 @@
 """Checkpoints that resume bit-identically: DeepSpeed state plus everything random or stateful.
 
-DeepSpeed saves model, optimizer and scheduler; the client state adds the step, the task cursor
-and the RNG states (torch and the trainer's own `random.Random`). Tags are `step_0000100`; the
-newest `keep` are kept.
+DeepSpeed saves model, optimizer and scheduler (one optimizer partition per rank under ZeRO);
+its client state adds the step and the task cursor, and every rank writes its own RNG states
+(torch and the trainer's `random.Random`: ranks sample different streams) to `rng_rank<r>.pt`.
+Tags are `step_0000100`; the newest `keep` are kept. A run resumes on the number of ranks it was
+saved with (ZeRO partitions are per rank).
 """
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import shutil
 from pathlib import Path
 
 import torch
+
+from rl import distributed as dist
 
 
 def _tag(step: int) -> str:
@@ -23,13 +27,22 @@ def list_tags(ckpt_dir: Path) -> list[str]:
     return sorted(p.name for p in ckpt_dir.iterdir() if p.is_dir() and p.name.startswith("step_"))
 
 
+def _rng_file(path: Path, rank: int) -> Path:
+    return path / f"rng_rank{rank}.pt"
+
+
 def save(engine, ckpt_dir: Path, step: int, cursor: int, rng: random.Random, keep: int) -> Path:
-    client_state = {"step": step, "task_cursor": cursor, "py_rng": rng.getstate(),
-                    "torch_rng": torch.get_rng_state()}
+    """Collective: every rank calls it."""
+    path = ckpt_dir / _tag(step)
+    client_state = {"step": step, "task_cursor": cursor, "world_size": dist.world_size()}
     engine.save_checkpoint(str(ckpt_dir), tag=_tag(step), client_state=client_state)
-    for old in list_tags(ckpt_dir)[:-keep]:
-        shutil.rmtree(ckpt_dir / old, ignore_errors=True)
-    return ckpt_dir / _tag(step)
+    torch.save({"py_rng": rng.getstate(), "torch_rng": torch.get_rng_state()},
+               _rng_file(path, dist.rank()))
+    dist.barrier()   # every rank's files are written before old tags go
+    if dist.rank() == 0:
+        for old in list_tags(ckpt_dir)[:-keep]:
+            shutil.rmtree(ckpt_dir / old, ignore_errors=True)
+    return path
 
 
 def load(engine, ckpt_dir: Path, rng: random.Random) -> tuple[int, int]:
@@ -37,9 +50,16 @@ def load(engine, ckpt_dir: Path, rng: random.Random) -> tuple[int, int]:
     tags = list_tags(ckpt_dir)
     if not tags:
         raise FileNotFoundError(f"no checkpoint under {ckpt_dir} to resume from")
-    path, client_state = engine.load_checkpoint(str(ckpt_dir), tag=tags[-1])
-    if path is None:
-        raise RuntimeError(f"DeepSpeed could not load checkpoint {ckpt_dir / tags[-1]}")
-    rng.setstate(client_state["py_rng"])
-    torch.set_rng_state(client_state["torch_rng"])
+    path = ckpt_dir / tags[-1]
+    rng_file = _rng_file(path, dist.rank())
+    if not rng_file.exists():
+        saved = len(list(path.glob("rng_rank*.pt")))
+        raise RuntimeError(f"{path} was saved by {saved} rank(s) and this run has {dist.world_size()}: "
+                           "resume with the launcher settings the run was started with")
+    loaded, client_state = engine.load_checkpoint(str(ckpt_dir), tag=tags[-1])
+    if loaded is None:
+        raise RuntimeError(f"DeepSpeed could not load checkpoint {path}")
+    states = torch.load(rng_file, weights_only=False)
+    rng.setstate(states["py_rng"])
+    torch.set_rng_state(states["torch_rng"])
     return client_state["step"], client_state["task_cursor"]

@@ -75,16 +75,29 @@ class TrainerConfig:
 
 @dataclass
 class DeepSpeedConfig:
-    zero_stage: int = 0
+    """Maps onto a DeepSpeed config (rl/engine.py::deepspeed_config); every key is typed here, so
+    a key DeepSpeed would silently ignore is an error instead."""
+    zero_stage: int = 0                      # 0-3; 3 partitions parameters (generation uses a synced full copy)
     dtype: str = "fp32"                      # "fp32" or "bf16"
     gradient_clipping: float = 1.0
     gradient_accumulation_steps: int = 1
+    offload_optimizer: bool = False          # optimizer state in CPU memory (ZeRO 1-3)
+    offload_param: bool = False              # parameters in CPU memory (ZeRO 3)
+    param_persistence_threshold: int = 100_000   # ZeRO-3 keeps smaller parameters whole on every rank
+    expert_parallel_size: int = 1            # ranks the experts of each MoE layer are spread over
 
 
 @dataclass
 class LauncherConfig:
-    nproc_per_node: int = 1
+    """More than one rank: rl.train re-launches itself under torchrun (or DeepSpeed's launcher
+    with a hostfile). Multi-node with torchrun: run the same command on every node with its
+    node_rank, the same master_addr and an explicit run_name; output_dir on a shared filesystem."""
+    nproc_per_node: int = 1                  # ranks per node
     nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0                     # 0 = a free port (single node only)
+    hostfile: str = ""                       # DeepSpeed hostfile ("host slots=N" lines): use the deepspeed launcher
 
 
 @dataclass
@@ -158,6 +171,32 @@ def validate(cfg: RunConfig) -> None:
             raise ConfigError(f"{key} must be positive")
     if cfg.trainer.steps < 0 or cfg.warmstart.steps < 0:
         raise ConfigError("trainer.steps and warmstart.steps must be >= 0")
+    _validate_scale(cfg)
+
+
+def _validate_scale(cfg: RunConfig) -> None:
+    ds, launch = cfg.deepspeed, cfg.launcher
+    if launch.nproc_per_node < 1 or launch.nnodes < 1:
+        raise ConfigError("launcher.nproc_per_node and launcher.nnodes must be >= 1")
+    if not 0 <= launch.node_rank < launch.nnodes:
+        raise ConfigError(f"launcher.node_rank={launch.node_rank} must be in [0, launcher.nnodes)")
+    if launch.nnodes > 1 and not launch.hostfile and launch.master_port == 0:
+        raise ConfigError("launcher.nnodes > 1 with torchrun needs launcher.master_port (the same on every node)")
+    world = launch.nproc_per_node * launch.nnodes
+    # Every rank takes an equal slice of each global batch (whole prompt groups for RL).
+    for key in ("rollout.prompts_per_step", "warmstart.batch_size"):
+        section, name = key.split(".")
+        if getattr(getattr(cfg, section), name) % world:
+            raise ConfigError(f"{key}={getattr(getattr(cfg, section), name)} must be divisible by the "
+                              f"number of ranks ({world} = launcher.nproc_per_node x launcher.nnodes)")
+    if ds.offload_param and ds.zero_stage != 3:
+        raise ConfigError("deepspeed.offload_param needs deepspeed.zero_stage=3")
+    if ds.offload_optimizer and ds.zero_stage == 0:
+        raise ConfigError("deepspeed.offload_optimizer needs deepspeed.zero_stage >= 1")
+    ep = ds.expert_parallel_size
+    if ep < 1 or world % ep or cfg.student.num_experts % ep:
+        raise ConfigError(f"deepspeed.expert_parallel_size={ep} must divide the number of ranks ({world}) "
+                          f"and student.num_experts ({cfg.student.num_experts})")
 
 
 def load_config(experiment_dir: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:

@@ -1,13 +1,23 @@
-"""DeepSpeed engine for the student: process group, DeepSpeed config, optimizer and schedule.
+"""DeepSpeed engine for the student: process group, DeepSpeed config, model, optimizer, schedule.
 
 The optimizer is torch AdamW (DeepSpeed's C++ Adam does not resume bit-identically on CPU).
 The schedule covers both phases of a run, so one engine and one checkpoint format serve
 warm-start and RL alike: linear warm-up to `warmstart.lr`, then linear warm-up to `trainer.lr`.
+
+ZeRO-3: a student loaded from `student.checkpoint` is constructed partitioned (transformers'
+`HfDeepSpeedConfig` wraps `from_pretrained` in `deepspeed.zero.Init`), so a checkpoint larger
+than one rank's memory loads. A student initialised from config is built whole and partitioned by
+`deepspeed.initialize`: zero.Init draws its random init differently, and a run must start from
+the same weights at every ZeRO stage. Each MoE block is a ZeRO-3 leaf module, fetched whole, because which experts
+a batch touches differs between ranks and per-expert fetching would make ranks disagree on the
+order of collectives.
 """
 from __future__ import annotations
 
 import os
 import socket
+import warnings
+from typing import Callable
 
 import torch
 
@@ -35,18 +45,32 @@ def init_distributed() -> None:
         builder = accel.create_op_builder("ShareMemCommBuilder")
         if builder is not None:
             deepspeed.ops.__compatible_ops__[builder.NAME] = False
+    # DeepSpeed still calls collectives that torch 2.14 renamed; one warning per call is noise.
+    warnings.filterwarnings("ignore", message=r".*is deprecated\. Please use `torch\.distributed",
+                            category=FutureWarning)
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend="gloo" if accel.device_name() == "cpu" else "nccl")
 
 
 def deepspeed_config(cfg) -> dict:
+    """The `deepspeed.*` section as a DeepSpeed config dict (every key typed in rl/config.py)."""
     ds = cfg.deepspeed
+    zero: dict = {"stage": ds.zero_stage}
+    if ds.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    if ds.offload_param:
+        zero["offload_param"] = {"device": "cpu"}
+    if ds.zero_stage == 3:
+        zero["stage3_param_persistence_threshold"] = ds.param_persistence_threshold
     return {
         "train_micro_batch_size_per_gpu": 1,   # batches are built by the trainer, not DeepSpeed
         "gradient_accumulation_steps": ds.gradient_accumulation_steps,
         "gradient_clipping": ds.gradient_clipping,
-        "zero_optimization": {"stage": ds.zero_stage},
+        "zero_optimization": zero,
         "bf16": {"enabled": ds.dtype == "bf16"},
+        # torch AdamW with offload: DeepSpeed would otherwise insist on its C++ CPU Adam.
+        "zero_force_ds_cpu_optimizer": False,
+        "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
@@ -61,10 +85,33 @@ def lr_at(step: int, cfg) -> float:
     return tr.lr * min(1.0, (rl_step + 1) / max(1, tr.warmup_steps))
 
 
-def build_engine(model: torch.nn.Module, cfg):
+def moe_block_types(model: torch.nn.Module) -> list[type]:
+    """Classes of the modules that own a router (the sparse MoE blocks)."""
+    from student.experts import find_routers
+
+    routers = {id(r) for _, r in find_routers(model)}
+    return sorted({type(m) for m in model.modules()
+                   if any(id(c) in routers for c in m.children())}, key=lambda t: t.__name__)
+
+
+def build_engine(build_model: Callable[[], torch.nn.Module], cfg):
+    """(engine, optimizer, scheduler); `build_model` runs partitioned under ZeRO-3."""
     import deepspeed
+    from deepspeed.utils import set_z3_leaf_modules
+    from transformers.integrations import HfDeepSpeedConfig
 
     init_distributed()
+    ds_config = deepspeed_config(cfg)
+    if cfg.deepspeed.zero_stage == 3 and cfg.student.checkpoint:
+        # transformers reads ZeRO-3 from this object while it is alive (a weak reference): drop it
+        # after construction, so later full-size models (the rollout copy, export) are built whole.
+        hf_ds = HfDeepSpeedConfig(ds_config)
+        model = build_model()
+        del hf_ds
+    else:
+        model = build_model()
+    if cfg.deepspeed.zero_stage == 3:
+        set_z3_leaf_modules(model, moe_block_types(model))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1.0, betas=(0.9, 0.999), eps=1e-8,
                                   weight_decay=cfg.trainer.weight_decay)
     # The optimizer's base lr is 1, so the factor IS the lr. A plain function, not a callable
@@ -72,5 +119,5 @@ def build_engine(model: torch.nn.Module, cfg):
     # resume, silently ignoring a changed trainer.lr.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_at(step, cfg))
     engine, optimizer, _, scheduler = deepspeed.initialize(
-        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(cfg))
+        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
     return engine, optimizer, scheduler

@@ -3,6 +3,9 @@
 `eval/accuracy` is the number that matters. `eval/accuracy_hinted` counts a problem as solved if
 either the plain answer or the retry with the teacher's hint is right: the gap between the two
 is how much better the hint-conditioned (teacher) distribution is than the student's own.
+
+`evaluate` returns counts, so that ranks holding shards of the held-out set can sum them;
+`eval_metrics` turns (summed) counts into the logged rates.
 """
 from __future__ import annotations
 
@@ -10,15 +13,16 @@ import torch
 
 from rl.feedback import hint_failed_attempts
 from rl.rollout import generate
-from rl.tasks import TaskSource
+from rl.tasks import Problem, TaskSource
 from student.tokenizer import ByteTokenizer
 from teacher import LeakGuard, Teacher
 
 
 @torch.no_grad()
-def evaluate(model, tasks: TaskSource, teacher: Teacher, tok: ByteTokenizer,
-             max_new_tokens: int) -> dict[str, float]:
-    problems = tasks.eval_problems
+def evaluate(model, problems: list[Problem], tasks: TaskSource, teacher: Teacher,
+             tok: ByteTokenizer, max_new_tokens: int) -> dict[str, float]:
+    if not problems:
+        return {"n": 0, "solved": 0, "fixed": 0, "hinted": 0}
     out = generate(model, [tok.render_prompt(p.prompt) for p in problems], greedy=True,
                    max_new_tokens=max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id)
     attempts = [tok.decode(row.tolist()) for row in out.completion_ids_NC]
@@ -31,6 +35,10 @@ def evaluate(model, tasks: TaskSource, teacher: Teacher, tok: ByteTokenizer,
                          eos_id=tok.eos_id, pad_id=tok.pad_id)
         for row, ids in zip(hinted.rows, retry.completion_ids_NC):
             fixed += tasks.verify(problems[row], tok.decode(ids.tolist())).reward >= 1.0
-    n = len(problems)
-    return {"eval/accuracy": solved / n, "eval/accuracy_hinted": (solved + fixed) / n,
-            "eval/hint_rate": len(hinted.rows) / max(1, n - solved)}
+    return {"n": len(problems), "solved": solved, "fixed": fixed, "hinted": len(hinted.rows)}
+
+
+def eval_metrics(counts: dict[str, float]) -> dict[str, float]:
+    n, solved = counts["n"], counts["solved"]
+    return {"eval/accuracy": solved / n, "eval/accuracy_hinted": (solved + counts["fixed"]) / n,
+            "eval/hint_rate": counts["hinted"] / max(1, n - solved)}

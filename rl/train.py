@@ -2,10 +2,17 @@
 
 Loads the experiment's config with overrides, picks the run folder, trains, and prints where the
 run went. Config errors end the run before any work, with one line naming the key.
+
+With `launcher.nproc_per_node` or `launcher.nnodes` above 1, this process only resolves the run
+folder and re-runs the same command under torchrun (or DeepSpeed's launcher when
+`launcher.hostfile` is set), passing the resolved `run_name` so every rank writes to one folder.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,6 +45,23 @@ def resolve_run_dir(cfg: RunConfig) -> Path:
     return run_dir
 
 
+def launch_command(cfg: RunConfig, experiment: str, overrides: list[str]) -> list[str]:
+    """The launcher command that starts every rank of this node with the same arguments."""
+    from rl.engine import _free_port
+
+    L = cfg.launcher
+    port = L.master_port or _free_port()
+    child = [*overrides, f"run_name={cfg.run_name}"]
+    if L.hostfile:
+        # DeepSpeed's launcher reaches the other hosts itself (pdsh/ssh); slots come from the hostfile.
+        return ["deepspeed", f"--hostfile={L.hostfile}", f"--num_nodes={L.nnodes}",
+                f"--master_addr={L.master_addr}", f"--master_port={port}",
+                "--module", "rl.train", experiment, *child]
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={L.nproc_per_node}",
+            f"--nnodes={L.nnodes}", f"--node_rank={L.node_rank}", f"--master_addr={L.master_addr}",
+            f"--master_port={port}", "-m", "rl.train", experiment, *child]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rl.train", description=__doc__.splitlines()[0])
     parser.add_argument("experiment", help="experiment folder holding config.yaml")
@@ -45,9 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.experiment, args.overrides)
-        if cfg.launcher.nproc_per_node != 1 or cfg.launcher.nnodes != 1:
-            raise ConfigError("launcher: multi-rank runs are not available yet; "
-                              "use launcher.nproc_per_node=1 launcher.nnodes=1")
+        launched = "LOCAL_RANK" in os.environ          # we are a rank started by a launcher
+        multi = cfg.launcher.nproc_per_node * cfg.launcher.nnodes > 1
+        if multi and not launched and cfg.launcher.nnodes > 1 and not cfg.run_name:
+            raise ConfigError("launcher.nnodes > 1: pass the same run_name=... on every node")
         run_dir = resolve_run_dir(cfg)
         if cfg.resume:
             # A resumed run keeps the config it started with; overrides still apply on top.
@@ -57,15 +82,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {err}", file=sys.stderr)
         return 2
 
+    if multi and not launched:
+        cmd = launch_command(cfg, args.experiment, args.overrides)
+        print(f"run folder: {run_dir}\nlaunching: {shlex.join(cmd)}", flush=True)
+        return subprocess.call(cmd)
+
     from rl.trainer import Trainer   # heavy imports only once the config is known to be good
 
     trainer = Trainer(cfg, run_dir)
-    print(f"run folder: {run_dir}  ({trainer.n_params / 1e6:.2f}M-parameter {cfg.student.arch} "
-          f"student, method {cfg.method.name}, seed {cfg.seed})", flush=True)
+    if trainer.is_main:
+        print(f"run folder: {run_dir}  ({trainer.n_params / 1e6:.2f}M-parameter {cfg.student.arch} "
+              f"student, method {cfg.method.name}, seed {cfg.seed}, {trainer.world} rank(s), "
+              f"ZeRO-{cfg.deepspeed.zero_stage})", flush=True)
     final = trainer.train()
-    summary = ", ".join(f"{k}={v:.3f}" for k, v in final.items())
-    print(f"done: {summary}\nrun folder: {run_dir}\n"
-          f"  tensorboard --logdir {run_dir.parent}", flush=True)
+    if trainer.is_main:
+        summary = ", ".join(f"{k}={v:.3f}" for k, v in final.items())
+        print(f"done: {summary}\nrun folder: {run_dir}\n"
+              f"  tensorboard --logdir {run_dir.parent}", flush=True)
     return 0
 
 

@@ -4,6 +4,11 @@
 
 One step = one optimizer update. Steps count warm-start steps too, so a run's curves show the
 warm-start and the RL phase on one axis (`warmstart.steps` marks the boundary).
+
+Many ranks: every rank reads the same global batch in data order and keeps its own slice (whole
+prompt groups), samples with its own RNG stream (rank r > 0 reseeds with seed + r after the
+identical model initialisation), and DeepSpeed averages gradients. Logged metrics are averaged
+over ranks; rank 0 writes the run folder.
 """
 from __future__ import annotations
 
@@ -18,13 +23,15 @@ from tqdm import tqdm
 
 from rl import checkpoint
 from rl.config import RunConfig, to_yaml
+from rl import distributed as dist
 from rl.engine import build_engine
-from rl.evaluate import evaluate
+from rl.evaluate import eval_metrics, evaluate
 from rl.feedback import hint_failed_attempts, teacher_logprobs
 from rl.losses import (distill_kl_loss, group_advantages, policy_gradient_loss,
                        sampled_distill_loss, sft_loss, span_to_first_divergence)
 from rl.methods import get_method
 from rl.rollout import generate, left_pad, right_pad, score
+from rl.rollout_model import RolloutModel
 from rl.runlog import RunLogger
 from rl.tasks import TaskSource
 from rl.warmstart import demonstrations
@@ -44,24 +51,35 @@ class Trainer:
         torch.set_num_threads(cfg.trainer.threads or max(1, (os.cpu_count() or 1) // world))
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        self.rng = random.Random(cfg.seed)
         self.tok = ByteTokenizer()
         self.tasks = TaskSource(cfg.task, cfg.seed)
         self.teacher = build_teacher(cfg.teacher)
         self.guard = LeakGuard()
         self.method = get_method(cfg.method.name)
-        model = build_student(cfg.student, self.tok)
-        self.engine, _, self.scheduler = build_engine(model, cfg)
+        self.engine, _, self.scheduler = build_engine(lambda: build_student(cfg.student, self.tok), cfg)
         self.model = self.engine.module
+        self.rank, self.world = dist.rank(), dist.world_size()
+        self.is_main = self.rank == 0
+        for key, size in (("rollout.prompts_per_step", cfg.rollout.prompts_per_step),
+                          ("warmstart.batch_size", cfg.warmstart.batch_size)):
+            if size % self.world:
+                raise ValueError(f"{key}={size} must be divisible by the number of ranks ({self.world})")
+        if self.rank:
+            torch.manual_seed(cfg.seed + self.rank)
+        self.rng = random.Random(cfg.seed + self.rank)
+        # What generates and scores without gradient: the module itself, or a synced full copy (ZeRO-3).
+        self.rollout = RolloutModel(self.engine, lambda: build_student(cfg.student, self.tok))
         # Routes are recorded at every rollout (expert load); replayed only if configured.
         self.routers = RouterReplay(self.model)
+        self.rollout_routers = (self.routers if self.rollout.module is self.model
+                                else RouterReplay(self.rollout.module))
         self.ckpt_dir = run_dir / "checkpoints"
         self.step, self.nonfinite_streak, resume_step = 0, 0, None
         if cfg.resume:
             self.step, self.tasks.cursor = checkpoint.load(self.engine, self.ckpt_dir, self.rng)
             resume_step = self.step
-        self.log = RunLogger(run_dir, to_yaml(cfg), resume_step)
-        self.n_params = count_parameters(self.model)
+        self.log = RunLogger(run_dir, to_yaml(cfg), resume_step) if self.is_main else None
+        self.n_params = count_parameters(self.rollout.module)
 
     @property
     def total_steps(self) -> int:
@@ -72,9 +90,10 @@ class Trainer:
         cfg, last_eval = self.cfg, {}
         if self.step == 0:
             last_eval = self.evaluate()
-            self.log.log_metrics(0, last_eval)
+            if self.is_main:
+                self.log.log_metrics(0, last_eval)
         bar = tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True,
-                   desc=f"{cfg.experiment}/{cfg.method.name}")
+                   desc=f"{cfg.experiment}/{cfg.method.name}", disable=not self.is_main)
         try:
             while self.step < self.total_steps:
                 start = time.perf_counter()
@@ -82,10 +101,12 @@ class Trainer:
                 metrics = self.warmstart_step() if in_warmstart else self.rl_step()
                 self.step += 1
                 metrics["time/step_s"] = time.perf_counter() - start
+                metrics = dist.mean_over_ranks(metrics)
                 if self._eval_due(self.step):
                     last_eval = self.evaluate()
                     metrics.update(last_eval)
-                self.log.log_metrics(self.step, metrics)
+                if self.is_main:
+                    self.log.log_metrics(self.step, metrics)
                 if self.step % cfg.trainer.checkpoint_every == 0 or self.step == self.total_steps:
                     checkpoint.save(self.engine, self.ckpt_dir, self.step, self.tasks.cursor,
                                     self.rng, cfg.trainer.keep_checkpoints)
@@ -95,7 +116,8 @@ class Trainer:
                                 acc=f"{last_eval.get('eval/accuracy', float('nan')):.2f}")
         finally:
             bar.close()
-            self.log.close()
+            if self.is_main:
+                self.log.close()
         return last_eval
 
     def _eval_due(self, s: int) -> bool:
@@ -103,13 +125,18 @@ class Trainer:
                 or s == self.total_steps)
 
     def evaluate(self) -> dict[str, float]:
-        self.engine.eval()
-        return evaluate(self.model, self.tasks, self.teacher, self.tok, self.cfg.rollout.max_new_tokens)
+        """Each rank answers its share of the held-out problems; counts are summed over ranks."""
+        self.rollout.sync()
+        self.rollout.module.eval()
+        mine = self.tasks.eval_problems[self.rank::self.world]
+        counts = evaluate(self.rollout.module, mine, self.tasks, self.teacher, self.tok,
+                          self.cfg.rollout.max_new_tokens)
+        return eval_metrics(dist.sum_over_ranks(counts))
 
     # ------------------------------------------------------------------ warm-start
     def warmstart_step(self) -> dict[str, float]:
         ws, tok = self.cfg.warmstart, self.tok
-        problems = self.tasks.next_batch(ws.batch_size)
+        problems = self._my_slice(self.tasks.next_batch(ws.batch_size))
         prompts, answers = demonstrations(problems, self.teacher, self.guard, tok, self.rng,
                                           ws.hint_fraction)
         answers_NC, mask_NC = right_pad(answers, tok.pad_id)
@@ -134,13 +161,14 @@ class Trainer:
             clock = now
 
         # 1. rollout: G attempts per problem, with the sampling policy's log-probs
-        problems = self.tasks.next_batch(ro.prompts_per_step)
+        problems = self._my_slice(self.tasks.next_batch(ro.prompts_per_step))
         self.tasks.assert_disjoint(problems)
         group = [p for p in problems for _ in range(ro.attempts_per_prompt)]
         prompts = [tok.render_prompt(p.prompt) for p in group]
-        self.engine.eval()
-        with self.routers.record() as recording:
-            roll = generate(self.model, prompts, max_new_tokens=ro.max_new_tokens, eos_id=tok.eos_id,
+        self.rollout.sync()
+        self.rollout.module.eval()
+        with self.rollout_routers.record() as recording:
+            roll = generate(self.rollout.module, prompts, max_new_tokens=ro.max_new_tokens, eos_id=tok.eos_id,
                             pad_id=tok.pad_id, temperature=ro.temperature)
         routes = recording.routes(batch_size=len(prompts))
         attempts = [tok.decode(row.tolist()) for row in roll.completion_ids_NC]
@@ -159,7 +187,7 @@ class Trainer:
             lap("teacher")
             if hinted.rows:
                 teacher_NC, teacher_NCV = teacher_logprobs(
-                    self.model, hinted, roll.completion_ids_NC, pad_id=tok.pad_id,
+                    self.rollout.module, hinted, roll.completion_ids_NC, pad_id=tok.pad_id,
                     temperature=ro.temperature)
             lap("hinted_scoring")
 
@@ -194,12 +222,18 @@ class Trainer:
         return metrics
 
     # ------------------------------------------------------------------ helpers
+    def _my_slice(self, batch: list) -> list:
+        """This rank's contiguous share of a global batch (sizes are validated to divide)."""
+        share = len(batch) // self.world
+        return batch[self.rank * share:(self.rank + 1) * share]
+
     def _update(self, loss: torch.Tensor, aux: torch.Tensor | None) -> dict[str, float]:
         metrics = {"train/lr": self.scheduler.get_last_lr()[0]}
         if aux is not None and self.cfg.student.router_aux_loss_coef > 0:
             loss = loss + self.cfg.student.router_aux_loss_coef * aux
             metrics["loss/router_aux"] = aux.item()
-        if not torch.isfinite(loss):
+        # One verdict for all ranks: a rank that skips backward while others run it would hang them.
+        if not dist.all_ranks(bool(torch.isfinite(loss))):
             # Skip the update: a NaN would poison the weights and every checkpoint after it.
             self.nonfinite_streak += 1
             metrics["train/nonfinite_skipped"] = 1.0
@@ -266,4 +300,5 @@ class Trainer:
                     "hint": hint_of.get(i)}
                    for i in range(min(self.cfg.trainer.log_rollouts, len(group)))]
         # Logged under the step number this update will complete, like its metrics.
-        self.log.log_rollouts(self.step + 1, records)
+        if self.is_main:
+            self.log.log_rollouts(self.step + 1, records)

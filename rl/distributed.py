@@ -1,0 +1,54 @@
+"""The few collectives the trainer needs beyond DeepSpeed's, written for one rank or many alike.
+
+With one process (or before the process group exists) every function returns its input.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as tdist
+
+
+def _active() -> bool:
+    return tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1
+
+
+def rank() -> int:
+    return tdist.get_rank() if _active() else 0
+
+
+def world_size() -> int:
+    return tdist.get_world_size() if _active() else 1
+
+
+def all_ranks(flag: bool) -> bool:
+    """True only if `flag` is True on every rank."""
+    if not _active():
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0])
+    tdist.all_reduce(t, op=tdist.ReduceOp.MIN)
+    return bool(t.item())
+
+
+def sum_over_ranks(values: dict[str, float]) -> dict[str, float]:
+    """Per-key sums; every rank must pass the same keys (counts, not rates)."""
+    if not _active():
+        return dict(values)
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    tdist.all_reduce(t)
+    return dict(zip(keys, t.tolist()))
+
+
+def mean_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
+    """Per-key means over the ranks that report the key (some metrics are conditional)."""
+    if not _active():
+        return metrics
+    gathered: list[dict] = [None] * tdist.get_world_size()
+    tdist.all_gather_object(gathered, metrics)
+    keys = sorted(set().union(*gathered))
+    return {k: sum(m[k] for m in gathered if k in m) / sum(k in m for m in gathered) for k in keys}
+
+
+def barrier() -> None:
+    if _active():
+        tdist.barrier()
