@@ -47,3 +47,30 @@ class ByteTokenizer:
 
     def render_answer(self, answer: str) -> list[int]:
         return self.encode(answer) + [self.eos_id]
+
+    def to_transformers(self):
+        """The same tokenizer as a `PreTrainedTokenizerFast` with the chat layout as its chat
+        template, for exported students (transformers, vLLM). Byte b keeps id b: a byte-level BPE
+        with no merges over GPT-2's printable byte alphabet, then the specials in id order."""
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        char_of = bytes_to_unicode()
+        core = Tokenizer(models.BPE(vocab={char_of[b]: b for b in range(256)}, merges=[]))
+        core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        core.decoder = decoders.ByteLevel()
+        specials = {"pad": self.pad_id, "bos": self.bos_id, "eos": self.eos_id,
+                    "hint": self.hint_id, "assistant": self.assistant_id}
+        for name, _ in sorted(specials.items(), key=lambda kv: kv[1]):
+            core.add_special_tokens([f"<{name}>"])
+        assert all(core.token_to_id(f"<{n}>") == i for n, i in specials.items())
+        # A "hint" message is the local context of the next assistant turn (see module docstring).
+        template = ("{{ bos_token }}{% for m in messages %}"
+                    "{% if m['role'] == 'user' %}{{ m['content'] }}"
+                    "{% elif m['role'] == 'hint' %}<hint>{{ m['content'] }}"
+                    "{% elif m['role'] == 'assistant' %}<assistant>{{ m['content'] }}{{ eos_token }}"
+                    "{% endif %}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
+        return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<bos>", eos_token="<eos>",
+                                       pad_token="<pad>", chat_template=template,
+                                       additional_special_tokens=["<hint>", "<assistant>"])
