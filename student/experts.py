@@ -52,6 +52,14 @@ def hintrl_experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, t
     ids_TK = top_k_index.to(torch.long)
     _counts_E, offsets_E1 = ops.expert_counts(ids_TK, self.num_experts)
     xs_PD, pos_TK = ops.permute(x_TD, ids_TK, offsets_E1)
+    ys_PD = expert_mlp(self, xs_PD, offsets_E1)
+    return ops.unpermute_combine(ys_PD.to(x_TD.dtype), pos_TK, top_k_weights)
+
+
+def expert_mlp(self: torch.nn.Module, xs_PD: torch.Tensor, offsets_E1: torch.Tensor) -> torch.Tensor:
+    """The experts' MLPs on expert-sorted rows: row group e (offsets_E1[e]:offsets_E1[e+1]) goes
+    through expert e of `self`'s weights. Shared with the expert-parallel forward, which calls it
+    on the rows it received with its local experts' weights."""
     if self.has_gate:
         h_PF = _linear(self, xs_PD, self.gate_up_proj, getattr(self, "gate_up_proj_bias", None) if self.has_bias
                        else None, offsets_E1)
@@ -64,8 +72,7 @@ def hintrl_experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, t
                     offsets_E1)
     if self.has_post_expert_norm:
         ys_PD = self.post_expert_norm(ys_PD)
-    out_TD = ops.unpermute_combine(ys_PD.to(x_TD.dtype), pos_TK, top_k_weights)
-    return out_TD
+    return ys_PD
 
 
 def find_routers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
