@@ -51,12 +51,15 @@ setup(
         "tqdm",
         "safetensors",
         "reasoning-gym",
+        "math-verify",            # leak guard: hints equivalent to the answer as expressions
     ],
+    package_data={"teacher": ["prompts/*.txt"]},   # the default teacher prompt
     extras_require={
         "dev": ["pytest", "pytest-timeout", "pandas", "matplotlib", "nbformat", "nbclient", "nbconvert", "ipykernel"],
         "vllm": ["vllm>=0.33"],
         "flash": ["flash-attn"],
-        "gguf": ["gguf", "accelerate"],
+        "gguf": ["gguf", "accelerate"],           # teacher.kind=hf with a .gguf model
+        "serve": ["transformers[serving]"],       # `transformers serve` (scripts/serve_teacher.sh on CPU)
     },
     ext_modules=_EXT_MODULES,
     cmdclass=_CMDCLASS,

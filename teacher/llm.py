@@ -1,0 +1,50 @@
+"""What every language-model teacher shares: prompt, de-duplication, reply parsing.
+
+A backend (teacher/hf.py, teacher/openai_api.py) only turns chat prompts into reply texts:
+`complete(chats) -> list[str | None]`, None when no reply came (the endpoint failed). This class
+renders each request with the prompt template, sends each distinct prompt once (a group of G
+attempts often repeats the same wrong answer), reuses greedy replies across calls (the same
+request always gets the same greedy reply), and parses replies into hints.
+"""
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+
+from teacher.base import Hint, HintRequest, TeacherConfig
+from teacher.prompt import PromptTemplate, parse_reply
+
+_CACHE_ENTRIES = 4096
+
+
+class ChatTeacher:
+    def __init__(self, cfg: TeacherConfig):
+        self.cfg = cfg
+        self.template = PromptTemplate.load(cfg.prompt_template or None)
+        self._replies: OrderedDict[str, str] = OrderedDict()   # greedy replies by prompt
+
+    def complete(self, chats: list[list[dict]]) -> list[str | None]:
+        raise NotImplementedError
+
+    def write_hints(self, requests: list[HintRequest]) -> list[Hint | None]:
+        chats = [self.template.render(r) for r in requests]
+        if self.cfg.temperature > 0:          # sampled: every request gets its own reply
+            replies = self.complete(chats) if chats else []
+        else:
+            keys = [json.dumps(c, sort_keys=True) for c in chats]
+            known = {k: self._replies[k] for k in keys if k in self._replies}
+            todo = list(dict.fromkeys(k for k in keys if k not in known))
+            known.update(zip(todo, self.complete([json.loads(k) for k in todo])) if todo else ())
+            for key in todo:
+                if known[key] is not None:
+                    self._remember(key, known[key])
+            replies = [known[k] for k in keys]
+        return [Hint(-1, "", error="teacher_error") if reply is None
+                else parse_reply(reply, req, self.cfg.max_hint_chars)
+                for req, reply in zip(requests, replies)]
+
+    def _remember(self, key: str, reply: str) -> None:
+        self._replies[key] = reply
+        self._replies.move_to_end(key)
+        while len(self._replies) > _CACHE_ENTRIES:
+            self._replies.popitem(last=False)

