@@ -18,6 +18,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from student.model import ARCHITECTURES, StudentConfig
 from teacher.base import TEACHERS, TeacherConfig
+from teacher.prompt import PromptTemplate
 
 
 @dataclass
@@ -160,12 +161,18 @@ def validate(cfg: RunConfig) -> None:
     _choice(cfg.method.distill_span, {"all", "first_divergence"}, "method.distill_span")
     _choice(cfg.student.arch, ARCHITECTURES, "student.arch")
     _choice(cfg.teacher.kind, TEACHERS, "teacher.kind")
+    if cfg.teacher.prompt_template:
+        try:
+            PromptTemplate.load(cfg.teacher.prompt_template)
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"teacher.prompt_template: {err}") from None
     _choice(cfg.rollout.engine, {"hf"}, "rollout.engine")
     _choice(cfg.deepspeed.dtype, {"fp32", "bf16"}, "deepspeed.dtype")
     _choice(cfg.deepspeed.zero_stage, {0, 1, 2, 3}, "deepspeed.zero_stage")
     for key in ("rollout.prompts_per_step", "rollout.attempts_per_prompt",
                 "rollout.max_new_tokens", "task.eval_size", "trainer.eval_every",
-                "trainer.checkpoint_every", "warmstart.batch_size"):
+                "trainer.checkpoint_every", "warmstart.batch_size", "teacher.max_new_tokens",
+                "teacher.batch_size", "teacher.concurrency"):
         section, name = key.split(".")
         if getattr(getattr(cfg, section), name) <= 0:
             raise ConfigError(f"{key} must be positive")
@@ -226,6 +233,10 @@ def load_config(experiment_dir: str | Path | None = None, overrides: list[str] =
             raise ConfigError(f"command line: {item!r}: {err}") from None
         cfg = _merge(cfg, layer, f"command line {item!r}")
     run_cfg: RunConfig = OmegaConf.to_object(cfg)
+    template = run_cfg.teacher.prompt_template
+    if template and not Path(template).is_absolute():
+        # Named relative to the experiment folder; saved absolute, so a resumed run still finds it.
+        run_cfg.teacher.prompt_template = str((Path(experiment_dir or ".") / template).resolve())
     validate(run_cfg)
     return run_cfg
 

@@ -291,14 +291,25 @@ class Trainer:
         if hinted is not None:
             stats["hint/rate"] = len(hinted.rows) / max(1, hinted.requested)
             stats["hint/leak_rate"] = dropped / max(1, written)
+            # Failed attempts left without a hint because the teacher failed (counts per step).
+            stats["hint/malformed"] = hinted.count("malformed")
+            stats["hint/teacher_errors"] = hinted.count("teacher_error")
         return stats
 
     def _log_rollouts(self, group, attempts, verdicts, hinted) -> None:
         hint_of = dict(zip(hinted.rows, hinted.hints)) if hinted else {}
-        records = [{"prompt": group[i].prompt, "answer": group[i].answer, "attempt": attempts[i],
-                    "reward": verdicts[i].reward, "feedback": verdicts[i].feedback,
-                    "hint": hint_of.get(i)}
-                   for i in range(min(self.cfg.trainer.log_rollouts, len(group)))]
+        n = self.cfg.trainer.log_rollouts
+        # The first n attempts, plus up to n more whose teacher reply was malformed (to read why).
+        malformed = [i for i, e in (hinted.errors.items() if hinted else ()) if e == "malformed" and i >= n]
+        records = []
+        for i in list(range(min(n, len(group)))) + malformed[:n]:
+            rec = {"prompt": group[i].prompt, "answer": group[i].answer, "attempt": attempts[i],
+                   "reward": verdicts[i].reward, "feedback": verdicts[i].feedback, "hint": hint_of.get(i)}
+            if hinted and i in hinted.replies:        # model teachers: the raw reply, and any failure
+                rec.update(teacher_reply=hinted.replies[i], hint_error=hinted.errors.get(i))
+            elif hinted and i in hinted.errors:
+                rec["hint_error"] = hinted.errors[i]
+            records.append(rec)
         # Logged under the step number this update will complete, like its metrics.
         if self.is_main:
             self.log.log_rollouts(self.step + 1, records)
