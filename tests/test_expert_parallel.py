@@ -135,7 +135,10 @@ def _train_checks(ep_size: int, zero_stage: int, opt_name: str, batches: list, c
         out["grad_norms"].append([n1, n2])
     full = ep.gather_full_state_dict(model)
     out["params"] = _max_diff({k: v for k, v in ref.state_dict().items()}, full)
-    out["params_moved"] = _max_diff(_models("qwen3_moe", 1, zero_stage)[0].state_dict(), full)
+    initial = _models("qwen3_moe", 1, zero_stage)[0]
+    out["params_moved"] = _max_diff(initial.state_dict(), full)
+    ep.copy_full_weights(model, initial)       # the unsharded copy rollouts would run on
+    out["full_copy"] = _max_diff(initial.state_dict(), full)
 
     # Checkpoint round trip: save after step 3, take step 4, load, take step 4 again.
     e_ep.save_checkpoint(str(ckpt_dir), tag="t3")
@@ -194,6 +197,7 @@ def check_training(results: list[dict], param_tol: float) -> None:
             assert abs(n_ref - n_ep) < 1e-5 * n_ref
         assert tr["params_moved"] > 1e-3           # the steps did change the weights ...
         assert tr["params"] < param_tol            # ... identically under EP and EP=1
+        assert tr["full_copy"] == 0.0              # copy_full_weights brings every expert over
         assert tr["restored"] == 0.0               # checkpoint restores every expert bit for bit
         assert tr["resumed_step"] == 0.0           # and the optimizer state: the next step is identical
 
