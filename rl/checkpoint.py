@@ -52,8 +52,8 @@ def load(engine, ckpt_dir: Path, rng: random.Random) -> tuple[int, int]:
         raise FileNotFoundError(f"no checkpoint under {ckpt_dir} to resume from")
     path = ckpt_dir / tags[-1]
     rng_file = _rng_file(path, dist.rank())
-    if not rng_file.exists():
-        saved = len(list(path.glob("rng_rank*.pt")))
+    saved = len(list(path.glob("rng_rank*.pt")))
+    if saved != dist.world_size():
         raise RuntimeError(f"{path} was saved by {saved} rank(s) and this run has {dist.world_size()}: "
                            "resume with the launcher settings the run was started with")
     loaded, client_state = engine.load_checkpoint(str(ckpt_dir), tag=tags[-1])
