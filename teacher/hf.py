@@ -9,7 +9,7 @@ under $HINTRL_TEACHER_CACHE (default ~/.cache/hintrl/teachers) and loaded from t
 Generation is batched with the model's chat template and left padding, greedy unless
 `teacher.temperature > 0`, at most `teacher.max_new_tokens` new tokens per reply.
 
-    python -m teacher.hf MODEL [GGUF_FILE]   prepares the folder and prints its path
+    python -m teacher.prepare MODEL [GGUF_FILE]   prepares the folder and prints its path
 """
 from __future__ import annotations
 
@@ -117,8 +117,3 @@ class HFTeacher(ChatTeacher):
 
 
 register_teacher("hf")(HFTeacher)
-
-if __name__ == "__main__":
-    if len(sys.argv) not in (2, 3):
-        sys.exit("usage: python -m teacher.hf MODEL [GGUF_FILE]")
-    print(prepare_model(*sys.argv[1:]))
