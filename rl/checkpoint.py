@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from rl import distributed as dist
+from student.expert_parallel import load_expert_shard, save_expert_shard
 
 
 def _tag(step: int) -> str:
@@ -36,6 +37,7 @@ def save(engine, ckpt_dir: Path, step: int, cursor: int, rng: random.Random, kee
     path = ckpt_dir / _tag(step)
     client_state = {"step": step, "task_cursor": cursor, "world_size": dist.world_size()}
     engine.save_checkpoint(str(ckpt_dir), tag=_tag(step), client_state=client_state)
+    save_expert_shard(engine.module, path)      # expert parallelism: this EP rank's experts
     torch.save({"py_rng": rng.getstate(), "torch_rng": torch.get_rng_state()},
                _rng_file(path, dist.rank()))
     dist.barrier()   # every rank's files are written before old tags go
@@ -59,6 +61,7 @@ def load(engine, ckpt_dir: Path, rng: random.Random) -> tuple[int, int]:
     loaded, client_state = engine.load_checkpoint(str(ckpt_dir), tag=tags[-1])
     if loaded is None:
         raise RuntimeError(f"DeepSpeed could not load checkpoint {path}")
+    load_expert_shard(engine.module, path)
     states = torch.load(rng_file, weights_only=False)
     rng.setstate(states["py_rng"])
     torch.set_rng_state(states["torch_rng"])

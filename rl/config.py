@@ -204,6 +204,9 @@ def _validate_scale(cfg: RunConfig) -> None:
     if ep < 1 or world % ep or cfg.student.num_experts % ep:
         raise ConfigError(f"deepspeed.expert_parallel_size={ep} must divide the number of ranks ({world}) "
                           f"and student.num_experts ({cfg.student.num_experts})")
+    if ep > 1 and ds.zero_stage not in (1, 2):
+        raise ConfigError(f"deepspeed.expert_parallel_size={ep} runs with deepspeed.zero_stage 1 or 2 "
+                          f"(got {ds.zero_stage}); docs/expert_parallel.md explains why not 0 or 3")
 
 
 def load_config(experiment_dir: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:

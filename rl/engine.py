@@ -100,6 +100,8 @@ def build_engine(build_model: Callable[[], torch.nn.Module], cfg):
     from deepspeed.utils import set_z3_leaf_modules
     from transformers.integrations import HfDeepSpeedConfig
 
+    from student.expert_parallel import optimizer_param_groups, shard_experts
+
     init_distributed()
     ds_config = deepspeed_config(cfg)
     if cfg.deepspeed.zero_stage == 3 and cfg.student.checkpoint:
@@ -112,7 +114,9 @@ def build_engine(build_model: Callable[[], torch.nn.Module], cfg):
         model = build_model()
     if cfg.deepspeed.zero_stage == 3:
         set_z3_leaf_modules(model, moe_block_types(model))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1.0, betas=(0.9, 0.999), eps=1e-8,
+    # Each rank keeps its share of the experts; DeepSpeed reduces them over expert-data-parallel groups.
+    shard_experts(model, cfg.deepspeed.expert_parallel_size, cfg.deepspeed.zero_stage)
+    optimizer = torch.optim.AdamW(optimizer_param_groups(model), lr=1.0, betas=(0.9, 0.999), eps=1e-8,
                                   weight_decay=cfg.trainer.weight_decay)
     # The optimizer's base lr is 1, so the factor IS the lr. A plain function, not a callable
     # object: LambdaLR checkpoints an object's __dict__ and would restore the old config on

@@ -5,7 +5,8 @@
 
 Reads the DeepSpeed checkpoint offline, in one process, at any ZeRO stage: stage 0 stores the
 whole module on rank 0; stages 1-3 are consolidated from every rank's fp32 optimizer partition
-(DeepSpeed's zero_to_fp32), which is exact for fp32 and bf16 runs alike. The exported config names
+(DeepSpeed's zero_to_fp32), which is exact for fp32 and bf16 runs alike. With expert parallelism
+the experts come from each EP rank's shard file (student/expert_parallel.py). The exported config names
 no hintrl experts implementation, so plain transformers loads it; `student.checkpoint=OUT_DIR`
 trains from it again.
 """
@@ -25,6 +26,11 @@ from student.tokenizer import ByteTokenizer
 
 def consolidated_state_dict(run_dir: Path, tag: str, zero_stage: int) -> dict[str, torch.Tensor]:
     ckpt_dir = run_dir / "checkpoints"
+    if list((ckpt_dir / tag).glob("expert_shard_ep*.pt")):
+        # Expert parallelism: dense weights from rank 0's module states, experts from each EP rank.
+        from student.expert_parallel import full_state_dict_from_checkpoint
+
+        return {k: v.float() for k, v in full_state_dict_from_checkpoint(ckpt_dir / tag).items()}
     if zero_stage == 0:
         states = torch.load(ckpt_dir / tag / "mp_rank_00_model_states.pt", map_location="cpu",
                             weights_only=False)

@@ -10,16 +10,22 @@ gradient, refreshed after each optimizer step by gathering the partitions one pa
 (peak: one parameter beyond the copy). This is the contract of a vLLM rollout engine too (weights
 pushed after each step); the copy costs one model's memory per rank, which generating with the
 full model needs anyway.
+
+Expert parallelism has the same constraint (every forward is an all-to-all over the EP group), so
+it gets the same copy, refreshed by gathering each layer's expert shards.
 """
 from __future__ import annotations
 
 import torch
 
+from student.expert_parallel import copy_full_weights, is_sharded
+
 
 class RolloutModel:
     def __init__(self, engine, build_full_model):
         self.engine = engine
-        self.partitioned = engine.zero_optimization_partition_weights()
+        self.expert_sharded = is_sharded(engine.module)
+        self.partitioned = engine.zero_optimization_partition_weights() or self.expert_sharded
         if self.partitioned:
             # A second construction must not move the training run's RNG stream: rollouts at
             # ZeRO-3 then sample exactly what ZeRO-0 samples on the same seed.
@@ -33,6 +39,10 @@ class RolloutModel:
     def sync(self) -> None:
         """Copy the current trained weights in (a no-op unless partitioned and stale)."""
         if not self.partitioned or self._synced_at == self.engine.global_steps:
+            return
+        if self.expert_sharded:
+            copy_full_weights(self.engine.module, self.module)
+            self._synced_at = self.engine.global_steps
             return
         import deepspeed
 

@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,17 @@ def test_cli_stops_before_any_work_with_one_clear_line(tmp_path):
     assert out.returncode == 2
     assert "config error: command line 'trainer.stepz=1': unknown key 'trainer.stepz'" in out.stderr
     assert not any(Path(tmp_path).iterdir())
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["launcher.nproc_per_node=3"], "rollout.prompts_per_step=16 must be divisible by the number of ranks (3"),
+    (["launcher.nproc_per_node=2", "deepspeed.expert_parallel_size=2"], "zero_stage 1 or 2"),
+    (["launcher.nproc_per_node=2", "deepspeed.zero_stage=2", "deepspeed.expert_parallel_size=3"],
+     "expert_parallel_size=3 must divide"),
+    (["deepspeed.offload_param=true", "deepspeed.zero_stage=2"], "offload_param needs deepspeed.zero_stage=3"),
+    (["launcher.nnodes=2"], "launcher.master_port"),
+    (["deepspeed.stage3_max_live_parameters=1"], "unknown key 'deepspeed.stage3_max_live_parameters'"),
+])
+def test_scale_settings_are_checked(overrides, needle):
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        load_config("experiments/default", overrides)

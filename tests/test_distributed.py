@@ -93,3 +93,36 @@ def test_zero3_export_equals_zero0_export(two_rank_run, tmp_path):
         model = AutoModelForCausalLM.from_pretrained(export(run_dir, tmp_path / name))
         logits.append(model(torch.tensor([[257, 51, 43, 52, 260]])).logits)
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-5)
+
+
+def test_expert_parallel_matches_ep1(two_rank_run):
+    ref_dir, _ = two_rank_run("ep1", "deepspeed.zero_stage=2")
+    run_dir, _ = two_rank_run("ep2", "deepspeed.zero_stage=2", "deepspeed.expert_parallel_size=2")
+    shards = {p.name for p in (run_dir / "checkpoints" / "step_0000007").iterdir()}
+    assert {"expert_shard_ep0.pt", "expert_shard_ep1.pt"} <= shards
+    assert (run_dir / "rollouts.jsonl").read_text() == (ref_dir / "rollouts.jsonl").read_text()
+    assert_close_runs(metrics_of(ref_dir), metrics_of(run_dir))
+
+
+def test_expert_parallel_resume_is_bit_identical(two_rank_run):
+    ep2 = ("deepspeed.zero_stage=2", "deepspeed.expert_parallel_size=2")
+    full_dir, _ = two_rank_run("ep2", *ep2)
+    part_dir, _ = two_rank_run("ep2-part", *ep2, "trainer.steps=1", "trainer.checkpoint_every=3")
+    shutil.rmtree(part_dir / "checkpoints" / "step_0000004")
+    out = run_cli(["experiments/default", *TWO_RANKS, f"output_dir={part_dir.parent.parent}",
+                   "run_name=ep2-part", "resume=true"], timeout=900)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert metrics_of(part_dir) == metrics_of(full_dir)
+    assert (part_dir / "rollouts.jsonl").read_text() == (full_dir / "rollouts.jsonl").read_text()
+
+
+def test_expert_parallel_export_equals_ep1_export(two_rank_run, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from rl.export import export
+    logits = []
+    for name, extra in (("ep1", []), ("ep2", ["deepspeed.expert_parallel_size=2"])):
+        run_dir, _ = two_rank_run(name, "deepspeed.zero_stage=2", *extra)
+        model = AutoModelForCausalLM.from_pretrained(export(run_dir, tmp_path / name))
+        logits.append(model(torch.tensor([[257, 51, 43, 52, 260]])).logits)
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-5)
