@@ -76,14 +76,17 @@ def score(model, prompt_ids: list[list[int]], completion_NC: torch.Tensor, *, pa
     wraps it in no_grad (the hinted teacher scoring does).
     """
     ids_NP, mask_NP = left_pad(prompt_ids, pad_id)
-    p, c = ids_NP.shape[1], completion_NC.shape[1]
-    ids = torch.cat([ids_NP, completion_NC], dim=1)
-    mask = torch.cat([mask_NP, torch.ones_like(completion_NC)], dim=1)
+    c = completion_NC.shape[1]
+    # Logits at position t predict token t+1: the last prompt position predicts completion[0], and
+    # the last completion token predicts nothing we score, so it is not fed (as in generate, whose
+    # recorded routes then cover exactly these positions). Causal attention keeps the rest equal.
+    inputs_NS = completion_NC[:, :-1]
+    ids = torch.cat([ids_NP, inputs_NS], dim=1)
+    mask = torch.cat([mask_NP, torch.ones_like(inputs_NS)], dim=1)
     kwargs = dict(output_router_logits=True) if router_logits else {}
     out = model(input_ids=ids, attention_mask=mask, position_ids=_positions(mask), use_cache=False,
-                logits_to_keep=c + 1, **kwargs)
-    # logits at position t predict token t+1: the last prompt position predicts completion[0].
-    logits_NCV = out.logits[:, -(c + 1):-1].float() / temperature
+                logits_to_keep=c, **kwargs)
+    logits_NCV = out.logits[:, -c:].float() / temperature
     logp_NCV = F.log_softmax(logits_NCV, dim=-1)
     logprobs_NC = logp_NCV.gather(-1, completion_NC[..., None]).squeeze(-1)
     aux = getattr(out, "aux_loss", None) if router_logits else None
