@@ -16,13 +16,16 @@ if [[ "$model" == *.gguf || "$model" == pkg://* ]]; then
 fi
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && python -c "import vllm" 2>/dev/null; then
   server=(vllm serve "$model" --host "$host" --port "$port" --served-model-name "$model")
+  extra="teacher.concurrency=64"     # vLLM batches concurrent requests
 else
   export HF_HUB_DISABLE_UPDATE_CHECK=1
   server=(transformers serve "$model" --host "$host" --port "$port" --device cpu)
+  # It runs generate() for one request at a time: more in flight only queue into the timeout.
+  extra="teacher.concurrency=1 teacher.timeout_s=120"
 fi
 cat <<MSG
 [serve_teacher] ${server[0]} ${server[1]} on http://$host:$port/v1 ; train against it with:
-  scripts/train.sh EXPERIMENT teacher.kind=openai teacher.base_url=http://$host:$port/v1 teacher.model=$model
+  scripts/train.sh EXPERIMENT teacher.kind=openai teacher.base_url=http://$host:$port/v1 teacher.model=$model $extra
   (a server that needs a key: export MY_KEY=...; add teacher.api_key_env=MY_KEY)
 MSG
 exec "${server[@]}" ${SERVE_ARGS:-}
