@@ -60,6 +60,7 @@ setup(
         "flash": ["flash-attn"],
         "gguf": ["gguf", "accelerate"],           # teacher.kind=hf with a .gguf model
         "serve": ["transformers[serving]"],       # `transformers serve` (scripts/serve_teacher.sh on CPU)
+        "bench": ["trl==1.16.*"],                 # benchmarks/rl.py: TRL GRPO and SDPO contenders
     },
     ext_modules=_EXT_MODULES,
     cmdclass=_CMDCLASS,

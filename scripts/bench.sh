@@ -2,6 +2,10 @@
 # Benchmarks (not timed tests). Usage: scripts/bench.sh <name> [args...]
 #   moe   MoE layer fwd+bwd and routing steps, ours vs transformers eager/grouped_mm
 #         (python -m benchmarks.moe --help); writes benchmarks/results/moe-<device>.{json,md}
+#   rl    RL step throughput, our grpo/hint_distill vs TRL GRPO/SDPO on one workload
+#         (python -m benchmarks.rl --help: --steps, --contenders for quick checks); writes
+#         benchmarks/results/rl-cpu.{json,md} and the table in benchmarks/README.md.
+#         Installs the `bench` extra (TRL) on first use, keeping torch/transformers/deepspeed as installed.
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/bootstrap.sh"
 cd "$HINTRL_ROOT"
@@ -9,5 +13,19 @@ name="${1:-}"
 shift || true
 case "$name" in
   moe) exec python -m benchmarks.moe "$@" ;;
-  *) echo "usage: scripts/bench.sh <benchmark> [args...]; valid benchmarks: moe" >&2; exit 2 ;;
+  rl)
+    if ! python -c "import trl" 2>/dev/null; then
+      read -r -a reqs <<<"$(python - <<'PY'
+import importlib.metadata as m
+bench = [r.split(";")[0].replace(" ", "") for r in m.requires("hintrl") if 'extra == "bench"' in r]
+if not bench:
+    raise SystemExit("hintrl's installed metadata has no `bench` extra: rerun scripts/bootstrap.sh")
+print(" ".join(bench + [f"{p}=={m.version(p)}" for p in ("torch", "transformers", "deepspeed")]))
+PY
+)"
+      echo "[bench] installing the bench extra: ${reqs[*]}" >&2
+      python -m pip install -q "${reqs[@]}"
+    fi
+    exec python -m benchmarks.rl "$@" ;;
+  *) echo "usage: scripts/bench.sh <benchmark> [args...]; valid benchmarks: moe, rl" >&2; exit 2 ;;
 esac

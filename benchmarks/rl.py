@@ -1,0 +1,332 @@
+"""RL step-throughput benchmark: `python -m benchmarks.rl` (or `scripts/bench.sh rl`).
+
+One workload for every contender (issue 7): a randomly initialised Qwen3-MoE causal LM (hidden
+128, 4 layers, 4 heads / 2 KV heads, 8 experts top-2, expert width 256, fp32), the byte-level
+tokenizer, reasoning-gym `basic_arithmetic` with two one-digit terms and `+`/`-` scored by its own
+verifier, 8 prompts x 8 samples per step, at most 16 new tokens, 20 optimizer steps, CPU, 2
+threads, one seed. The initial weights are saved once (an HF folder) and every contender loads
+them; every contender sees the same problems in the same order.
+
+Contenders: our `grpo` and `hint_distill` (rule teacher), TRL `GRPOTrainer`, and TRL's SDPO
+trainer fed the same per-attempt hints (benchmarks/_trl.py). Each runs in its own subprocess, so
+peak RSS (ru_maxrss) is its own. A step is timed wall to wall: for ours the trainer's `rl_step`
+plus its metrics logging, for TRL the time between consecutive `on_step_end` callbacks (its
+per-step logging included). Reported: median seconds per step over steps 5-20 (the first four
+carry warm-up: allocator growth, lazy inits), generated tokens per second over the same steps,
+peak RSS, and for ours the median time of each stage of the step.
+
+Writes benchmarks/results/rl-<device>.{json,md} and the results table in benchmarks/README.md
+when the full workload runs with every contender; a partial run (--steps, --contenders, --tiny)
+writes its files into its work folder instead, so quick checks never overwrite the record.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+README = ROOT / "benchmarks" / "README.md"
+CONTENDERS = ("grpo", "hint_distill", "trl_grpo", "trl_sdpo")
+FIRST_MEASURED_STEP = 5
+# Our stages, in step order, as the trainer logs them (rl/trainer.py `rl_step`, `_update`).
+STAGES = {"generation": "time/rollout_s", "verification": "time/verify_s", "teacher": "time/teacher_s",
+          "hinted scoring": "time/hinted_scoring_s", "forward + loss": "time/forward_s",
+          "backward": "time/backward_s", "optimizer": "time/optimizer_s"}
+
+
+@dataclasses.dataclass
+class Workload:
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    num_experts: int = 8
+    top_k: int = 2
+    expert_width: int = 256
+    prompts: int = 8                 # per step
+    samples: int = 8                 # per prompt (the group)
+    max_new_tokens: int = 16
+    steps: int = 20
+    threads: int = 2
+    seed: int = 0
+    lr: float = 1e-4
+    task: str = "basic_arithmetic"
+    render: str = "expression"       # the prompt is the bare expression, "3 + 4"
+    task_config: dict = dataclasses.field(default_factory=lambda: dict(
+        min_terms=2, max_terms=2, min_digits=1, max_digits=1, operators=["+", "-"],
+        allow_parentheses=False, allow_negation=False))
+
+
+# Seconds-long shape for the harness test (tests/test_bench_rl.py); not a measurement.
+TINY = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, num_experts=4, expert_width=16,
+            prompts=2, samples=4, max_new_tokens=4, threads=1)
+
+
+def student_config(w: Workload, checkpoint: str = ""):
+    from student import StudentConfig
+    return StudentConfig(arch="qwen3_moe", checkpoint=checkpoint, hidden_size=w.hidden_size,
+                         num_layers=w.num_layers, num_heads=w.num_heads, num_kv_heads=w.num_kv_heads,
+                         num_experts=w.num_experts, top_k=w.top_k, expert_width=w.expert_width,
+                         dtype="float32")
+
+
+def task_config(w: Workload):
+    from rl.config import TaskConfig
+    return TaskConfig(name=w.task, config=dict(w.task_config), render=w.render)
+
+
+def save_initial_weights(w: Workload, folder: Path) -> int:
+    """The one random initialisation every contender loads (TRL needs a folder, not a module).
+
+    Returns the parameter count."""
+    import torch
+
+    from student import ByteTokenizer, build_student, count_parameters
+    torch.manual_seed(w.seed)
+    model = build_student(student_config(w), ByteTokenizer())
+    model.save_pretrained(folder)
+    return count_parameters(model)
+
+
+# ---------------------------------------------------------------------- contenders (child side)
+def run_ours(method: str, w: Workload, init_dir: str, out_dir: Path, on_step) -> dict:
+    from rl.config import load_config
+    from rl.trainer import Trainer
+
+    s = student_config(w, init_dir)
+    overrides = [f"seed={w.seed}", f"output_dir={out_dir}", f"method.name={method}",
+                 f"rollout.prompts_per_step={w.prompts}", f"rollout.attempts_per_prompt={w.samples}",
+                 f"rollout.max_new_tokens={w.max_new_tokens}", "warmstart.steps=0",
+                 f"trainer.steps={w.steps}", f"trainer.lr={w.lr}", f"trainer.threads={w.threads}",
+                 "trainer.eval_every=1000000", "trainer.checkpoint_every=1000000",
+                 f"task.name={w.task}", f"task.render={w.render}", f"task.config={json.dumps(w.task_config)}"]
+    overrides += [f"student.{f.name}={getattr(s, f.name)}" for f in dataclasses.fields(s)
+                  if f.name in ("checkpoint", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                                "num_experts", "top_k", "expert_width", "dtype")]
+    cfg = load_config(None, overrides)
+    trainer = Trainer(cfg, out_dir / method)
+    steps = []
+    for k in range(w.steps):
+        start, cpu = time.perf_counter(), time.process_time()
+        metrics = trainer.rl_step()
+        trainer.step += 1
+        trainer.log.log_metrics(trainer.step, metrics)
+        metrics["time/step_s"] = time.perf_counter() - start
+        metrics["cpu_s"] = time.process_time() - cpu
+        metrics["tokens"] = metrics["train/completion_tokens"] * w.prompts * w.samples
+        steps.append(metrics)
+        on_step(k + 1, metrics["time/step_s"])
+    trainer.log.close()
+    keys = ["time/step_s", "cpu_s", "tokens", "train/reward_mean", "hint/rate", *STAGES.values()]
+    out = {k: [m.get(k, 0.0) for m in steps] for k in keys}
+    return {"step_s": out.pop("time/step_s"), "cpu_s": out.pop("cpu_s"), "tokens": out.pop("tokens"),
+            "reward_mean": out.pop("train/reward_mean"), "hint_rate": out.pop("hint/rate"),
+            "stages": out, "experts_implementation": cfg.student.experts_implementation,
+            "router_replay": cfg.student.router_replay}
+
+
+def child_main(name: str, w: Workload, init_dir: str, out_dir: Path) -> None:
+    import torch
+    torch.set_num_threads(w.threads)
+
+    def on_step(k, seconds):
+        print(f"STEP {k} {seconds:.4f}", flush=True)
+
+    if name in ("grpo", "hint_distill"):
+        res = run_ours(name, w, init_dir, out_dir, on_step)
+    else:
+        from benchmarks._trl import run_trl
+        from rl.tasks import TaskSource
+        source = TaskSource(task_config(w), w.seed)   # the stream our trainer draws from, in order
+        problems = source.next_batch(w.prompts * w.steps)
+        res = run_trl(name.removeprefix("trl_"), w, init_dir, problems, source.train, str(out_dir / name),
+                      on_step)
+    res["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # KiB on Linux
+    res["threads"] = torch.get_num_threads()
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+# ---------------------------------------------------------------------- parent side
+def run_contender(name: str, w_path: Path, init_dir: Path, work: Path, steps: int) -> dict:
+    """Runs one contender in a fresh process, showing its steps as they finish."""
+    from tqdm import tqdm
+
+    env = dict(os.environ, OMP_NUM_THREADS=str(json.loads(w_path.read_text())["threads"]),
+               DS_ACCELERATOR="cpu", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
+    log = work / f"{name}.log"
+    cmd = [sys.executable, "-m", "benchmarks.rl", "--child", name, "--workload", str(w_path),
+           "--init", str(init_dir), "--work", str(work)]
+    load_before = os.getloadavg()[0]
+    result = None
+    with open(log, "w") as err, tqdm(total=steps, desc=f"{name:>12}", unit="step", leave=True,
+                                     dynamic_ncols=True) as bar:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+        for line in proc.stdout:
+            if line.startswith("STEP "):
+                _, k, sec = line.split()
+                bar.update(int(k) - bar.n)
+                bar.set_postfix(last=f"{float(sec):.2f}s")
+            elif line.startswith("RESULT "):
+                result = json.loads(line[len("RESULT "):])
+        proc.wait()
+    if proc.returncode != 0 or result is None:
+        tail = log.read_text()[-3000:]
+        print(f"[{name}] failed (exit {proc.returncode}); log {log}:\n{tail}", file=sys.stderr)
+        return {"contender": name, "error": tail[-800:]}
+    result.update(contender=name, load_avg_1min_before=load_before, load_avg_1min_after=os.getloadavg()[0])
+    return summarise(result)
+
+
+def summarise(r: dict) -> dict:
+    """Median step time and tokens/s over steps 5..N (all steps when a quick check runs fewer)."""
+    first = FIRST_MEASURED_STEP - 1 if len(r["step_s"]) >= FIRST_MEASURED_STEP else 0
+    step_s, tokens = r["step_s"][first:], r["tokens"][first:]
+    r["measured_steps"] = [first + 1, len(r["step_s"])]
+    r["median_step_s"] = statistics.median(step_s)
+    r["median_cpu_s"] = statistics.median(r["cpu_s"][first:])
+    r["tokens_per_s"] = sum(tokens) / sum(step_s)
+    r["tokens_per_step"] = sum(tokens) / len(tokens)
+    if "stages" in r:
+        r["median_stage_s"] = {label: statistics.median(r["stages"][key][first:])
+                               for label, key in STAGES.items()}
+    return r
+
+
+def versions() -> dict:
+    import torch
+    import transformers
+    out = {"python": platform.python_version(), "torch": torch.__version__,
+           "transformers": transformers.__version__}
+    for name in ("deepspeed", "trl", "accelerate", "reasoning_gym"):
+        try:
+            out[name] = __import__(name).__version__
+        except Exception:          # not installed (trl is the `bench` extra): recorded as absent
+            out[name] = None
+    return out
+
+
+def targets(rows: dict) -> dict:
+    def med(name):
+        return rows[name]["median_step_s"] if name in rows and "error" not in rows[name] else None
+    out = {}
+    if med("grpo") and med("trl_grpo"):
+        out["grpo_step_vs_trl_grpo"] = {"value": med("grpo") / med("trl_grpo"), "target": "<= 0.5"}
+    if med("grpo") and med("hint_distill"):
+        out["hint_distill_step_vs_grpo"] = {"value": med("hint_distill") / med("grpo"), "target": "<= 1.3"}
+    ours = [rows[n]["peak_rss_mib"] for n in ("grpo", "hint_distill") if med(n)]
+    trl = [rows[n]["peak_rss_mib"] for n in ("trl_grpo", "trl_sdpo") if med(n)]
+    if ours and trl:
+        out["peak_rss_ours_max_vs_trl_min"] = {"value": max(ours) / min(trl), "target": "<= 1.0"}
+    return out
+
+
+def markdown(meta: dict, rows: dict) -> str:
+    w, v = meta["workload"], meta["versions"]
+    lines = [f"Workload: Qwen3-MoE {meta['params_m']:.2f}M params (hidden {w['hidden_size']}, {w['num_layers']} "
+             f"layers, {w['num_experts']} experts top-{w['top_k']}, width {w['expert_width']}, fp32), "
+             f"{w['prompts']} prompts x {w['samples']} samples, <= {w['max_new_tokens']} new tokens, "
+             f"{w['steps']} steps, {w['threads']} threads, {meta['device']}. torch {v['torch']}, "
+             f"transformers {v['transformers']}, deepspeed {v['deepspeed']}, trl {v['trl']}. "
+             f"Load average (1 min) {meta['load_avg_1min_start']:.2f} at start, "
+             f"{meta['load_avg_1min_end']:.2f} at end.", "",
+             f"| contender | s/step (median, steps {FIRST_MEASURED_STEP}-{w['steps']}) | vs TRL GRPO | CPU s/step | "
+             "gen tokens/s | peak RSS MiB | "
+             + " | ".join(STAGES) + " |",
+             "|---|---|---|---|---|---|" + "---|" * len(STAGES)]
+    base = rows.get("trl_grpo", {}).get("median_step_s")
+    for name in CONTENDERS:
+        r = rows.get(name)
+        if r is None:
+            continue
+        if "error" in r:
+            lines.append(f"| {name} | failed | | | | |" + " |" * len(STAGES))
+            continue
+        ratio = f"{r['median_step_s'] / base:.2f}x" if base else "-"
+        stages = r.get("median_stage_s")
+        cells = [f"{stages[s]:.3f}" for s in STAGES] if stages else ["-"] * len(STAGES)
+        lines.append(f"| {name} | {r['median_step_s']:.3f} | {ratio} | {r['median_cpu_s']:.3f} | {r['tokens_per_s']:.0f} | "
+                     f"{r['peak_rss_mib']:.0f} | " + " | ".join(cells) + " |")
+    lines += ["", "Targets (issue 7): " + "; ".join(
+        f"{k} = {t['value']:.2f} (target {t['target']})" for k, t in meta["targets"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def update_readme(table: str) -> None:
+    start, end = "<!-- rl-results:start -->", "<!-- rl-results:end -->"
+    text = README.read_text()
+    if start not in text or end not in text:
+        raise SystemExit(f"{README} lacks the {start} ... {end} markers for the results table")
+    head, rest = text.split(start, 1)
+    README.write_text(head + start + "\n" + table + end + rest.split(end, 1)[1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--contenders", default=",".join(CONTENDERS), help=f"comma list of {', '.join(CONTENDERS)}")
+    p.add_argument("--steps", type=int, default=Workload.steps, help="optimizer steps per contender")
+    p.add_argument("--tiny", action="store_true", help="seconds-long model and batch (harness checks only)")
+    p.add_argument("--work", default=None, help="work folder (default: a new temporary one)")
+    p.add_argument("--child", choices=CONTENDERS, help=argparse.SUPPRESS)
+    p.add_argument("--workload", help=argparse.SUPPRESS)
+    p.add_argument("--init", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        w = Workload(**json.loads(Path(args.workload).read_text()))
+        return child_main(args.child, w, args.init, Path(args.work))
+
+    names = [n.strip() for n in args.contenders.split(",") if n.strip()]
+    unknown = set(names) - set(CONTENDERS)
+    if unknown:
+        raise SystemExit(f"unknown contenders {sorted(unknown)}; choose from {', '.join(CONTENDERS)}")
+    w = Workload(steps=args.steps, **(TINY if args.tiny else {}))
+    work = Path(args.work or tempfile.mkdtemp(prefix="hintrl-bench-rl-"))
+    work.mkdir(parents=True, exist_ok=True)
+    w_path = work / "workload.json"
+    w_path.write_text(json.dumps(dataclasses.asdict(w)))
+    init_dir = work / "initial-weights"
+    n_params = save_initial_weights(w, init_dir)
+    meta = {"device": "cpu", "workload": dataclasses.asdict(w), "params_m": n_params / 1e6,
+            "versions": versions(), "cpu_count": os.cpu_count(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "load_avg_1min_start": os.getloadavg()[0],
+            "command": "python -m benchmarks.rl " + " ".join(sys.argv[1:]),
+            "timing": f"median wall seconds per optimizer step over steps {FIRST_MEASURED_STEP}-{w.steps}; "
+                      "tokens/s = generated tokens / wall time over the same steps; CPU s/step = process CPU "
+                      "time (all threads) per step, median; peak RSS = ru_maxrss of the contender's own process"}
+    rows = {}
+    for name in names:
+        if name.startswith("trl_") and meta["versions"]["trl"] is None:
+            print(f"[{name}] skipped: trl is not installed (pip install -e '.[bench]')", file=sys.stderr)
+            rows[name] = {"contender": name, "error": "trl not installed"}
+            continue
+        rows[name] = run_contender(name, w_path, init_dir, work, w.steps)
+    meta["load_avg_1min_end"] = os.getloadavg()[0]
+    meta["targets"] = targets(rows)
+    full = not args.tiny and w.steps == Workload.steps and names == list(CONTENDERS)
+    out_dir = RESULTS if full else work
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = {"meta": meta, "contenders": [rows[n] for n in names]}
+    (out_dir / "rl-cpu.json").write_text(json.dumps(data, indent=1))
+    table = markdown(meta, rows)
+    (out_dir / "rl-cpu.md").write_text(f"# RL step benchmark (cpu)\n\n{table}")
+    if full:
+        update_readme(table)
+    print(table)
+    print(f"results: {out_dir / 'rl-cpu.json'}" + ("" if full else "  (partial run: the record is untouched)"))
+    if not args.work:
+        shutil.rmtree(work / "initial-weights", ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""The RL benchmark harness (benchmarks/rl.py) end to end on a tiny shape: not a timed test.
+
+It checks that each contender runs in its own process, reports its figures, and that a partial
+run writes into its work folder and leaves benchmarks/results alone.
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+HAS_TRL = importlib.util.find_spec("trl") is not None
+
+
+def run_bench(work, contenders, steps=2):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    res = subprocess.run([sys.executable, "-m", "benchmarks.rl", "--tiny", "--steps", str(steps),
+                          "--contenders", contenders, "--work", str(work)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads((work / "rl-cpu.json").read_text())
+
+
+def test_our_contenders_report_positive_figures_and_stage_split(tmp_path):
+    record = (ROOT / "benchmarks/results/rl-cpu.json")
+    before = record.stat().st_mtime if record.exists() else None
+    data = run_bench(tmp_path, "grpo,hint_distill")
+    rows = {r["contender"]: r for r in data["contenders"]}
+    assert set(rows) == {"grpo", "hint_distill"}
+    for name, r in rows.items():
+        assert "error" not in r, r.get("error")
+        assert len(r["step_s"]) == 2 and all(t > 0 for t in r["step_s"])
+        assert r["median_step_s"] > 0 and r["median_cpu_s"] > 0 and r["tokens_per_s"] > 0
+        assert r["peak_rss_mib"] > 100
+        stages = r["median_stage_s"]
+        assert stages["generation"] > 0 and stages["backward"] > 0 and stages["optimizer"] > 0
+        # the stages are parts of the step: together they cannot exceed it
+        assert sum(stages.values()) <= r["median_step_s"] * 1.01
+    assert rows["grpo"]["median_stage_s"]["hinted scoring"] == 0.0      # grpo asks no teacher
+    assert rows["hint_distill"]["threads"] == 1
+    meta = data["meta"]
+    assert meta["workload"]["steps"] == 2 and meta["load_avg_1min_start"] >= 0
+    assert "hint_distill_step_vs_grpo" in meta["targets"]
+    assert (tmp_path / "rl-cpu.md").read_text().count("| grpo |") == 1
+    # a partial run never overwrites the recorded results
+    assert (record.stat().st_mtime if record.exists() else None) == before
+
+
+def test_hf_tokenizer_for_trl_gives_our_ids():
+    from benchmarks._trl import hf_tokenizer, prompt_text
+    from student import ByteTokenizer
+
+    tok = ByteTokenizer()
+    hf = hf_tokenizer(tok)
+    for prompt, hint in [("3 + 4", None), ("9 - 7", "starts with -"), ("é + 1", "ends with 8")]:
+        assert hf(prompt_text(prompt, hint))["input_ids"] == tok.render_prompt(prompt, hint)
+    answer = tok.render_answer("-12")
+    assert hf.decode(answer, skip_special_tokens=True) == tok.decode(answer) == "-12"
+
+
+@pytest.mark.skipif(not HAS_TRL, reason="trl is the `bench` extra: pip install -e '.[bench]'")
+def test_trl_grpo_contender_runs(tmp_path):
+    data = run_bench(tmp_path, "trl_grpo")
+    (r,) = data["contenders"]
+    assert "error" not in r, r.get("error")
+    assert len(r["step_s"]) == 2 and r["median_step_s"] > 0 and r["tokens_per_s"] > 0
+    assert r["experts_implementation"] == "grouped_mm" and r["gradient_checkpointing"] is False
+    assert data["meta"]["versions"]["trl"]
