@@ -209,6 +209,10 @@ def _validate_scale(cfg: RunConfig) -> None:
                           f"(got {ds.zero_stage}); docs/expert_parallel.md explains why not 0 or 3")
 
 
+def _nested(path: list[str], value: Any) -> dict:
+    return {path[0]: _nested(path[1:], value) if len(path) > 1 else value}
+
+
 def load_config(experiment_dir: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
     """Schema defaults ← `experiment_dir/config.yaml` ← `overrides` ("a.b=value" strings)."""
     cfg = OmegaConf.structured(RunConfig)
@@ -230,8 +234,13 @@ def load_config(experiment_dir: str | Path | None = None, overrides: list[str] =
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"command line: override {item!r} must look like key=value")
+        key, raw = item.split("=", 1)
         try:
-            layer = OmegaConf.from_dotlist([item])
+            if isinstance(OmegaConf.select(cfg, key, default=None), str):
+                # Text fields take the text as typed: YAML would read run_name=off as False.
+                layer = OmegaConf.create(_nested(key.split("."), raw))
+            else:
+                layer = OmegaConf.from_dotlist([item])
         except OmegaConfBaseException as err:
             raise ConfigError(f"command line: {item!r}: {err}") from None
         cfg = _merge(cfg, layer, f"command line {item!r}")

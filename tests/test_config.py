@@ -80,3 +80,8 @@ def test_cli_stops_before_any_work_with_one_clear_line(tmp_path):
 def test_scale_settings_are_checked(overrides, needle):
     with pytest.raises(ConfigError, match=re.escape(needle)):
         load_config("experiments/default", overrides)
+
+
+def test_text_overrides_stay_text():
+    cfg = load_config("experiments/default", ["run_name=off", "output_dir=yes"])
+    assert (cfg.run_name, cfg.output_dir) == ("off", "yes")
