@@ -19,7 +19,8 @@ from fractions import Fraction
 from functools import lru_cache
 
 _NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?:/\d+)?(?![\w])")
-_OPERAND = r"\(*\s*(?:\d+(?:\.\d+)?|[a-zA-Z](?![a-zA-Z]))\s*\)*(?:\s*\^\s*\d+)?"
+# An operand is a number or a lone letter (a variable, not the end of a word like "with").
+_OPERAND = r"\(*\s*(?:\d+(?:\.\d+)?|(?<![a-zA-Z])[a-zA-Z](?![a-zA-Z]))\s*\)*(?:\s*\^\s*\d+)?"
 _EXPRESSION = re.compile(rf"-?\s*{_OPERAND}(?:\s*[-+*/×÷^]\s*{_OPERAND})+")
 _LATEX = re.compile(r"\$\$?(.+?)\$\$?|\\\((.+?)\\\)|\\\[(.+?)\\\]|(\\boxed\{.+?\}|\\d?frac\{.+?\}\{.+?\})")
 

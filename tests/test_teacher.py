@@ -76,6 +76,13 @@ def test_expression_near_misses_are_kept(hint, answer, problem):
     assert not leaks_answer(hint, answer, problem)
 
 
+@pytest.mark.parametrize("hint", ["starts with -4", "ends with 7", "ends after 7", "starts with -"])
+def test_rule_hints_hold_no_expression_spans(hint):
+    """Rule hints skip math-verify entirely (it costs ~10-500 ms per span): no word tail is a variable."""
+    from teacher.leak import _math_spans
+    assert _math_spans(hint) == []
+
+
 # ------------------------------------------------------------------ prompt template and reply parsing
 from teacher.prompt import PromptTemplate, parse_reply  # noqa: E402
 

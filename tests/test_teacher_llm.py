@@ -185,6 +185,7 @@ def test_openai_teacher_slow_endpoint_times_out():
 
 
 # ------------------------------------------------------------------ a run whose server dies
+@pytest.mark.slow
 def test_run_survives_server_killed_mid_run(smol_folder, tmp_path):
     port = free_port()
     proc = start_server(smol_folder, port)
