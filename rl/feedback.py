@@ -23,7 +23,7 @@ class HintedRows:
     hints: list[str]                # one per row
     prompt_ids: list[list[int]]     # each row's prompt with its hint inserted
     requested: int                  # attempts a hint was asked for (the failed ones)
-    errors: dict[int, str] = field(default_factory=dict)    # row -> "malformed" | "teacher_error"
+    errors: dict[int, str] = field(default_factory=dict)    # row -> "malformed" | "teacher_error" | "leak"
     replies: dict[int, str] = field(default_factory=dict)   # row -> a model teacher's raw reply
 
     def count(self, error: str) -> int:
@@ -54,6 +54,8 @@ def hint_failed_attempts(teacher: Teacher, guard: LeakGuard, tok: ByteTokenizer,
             out.errors[i] = hint.error
         text = guard.filter(hint.text if hint else None, problems[i].answer, problems[i].prompt)
         if text is None:
+            if hint is not None and hint.text:
+                out.errors[i] = "leak"          # dropped by the guard (counted in hint/leak_rate)
             continue
         out.rows.append(i)
         out.hints.append(text)
