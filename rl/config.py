@@ -196,6 +196,12 @@ def _validate_scale(cfg: RunConfig) -> None:
         if getattr(getattr(cfg, section), name) % world:
             raise ConfigError(f"{key}={getattr(getattr(cfg, section), name)} must be divisible by the "
                               f"number of ranks ({world} = launcher.nproc_per_node x launcher.nnodes)")
+    ga = ds.gradient_accumulation_steps
+    for key, rows in (("rollout.prompts_per_step", cfg.rollout.prompts_per_step * cfg.rollout.attempts_per_prompt),
+                      ("warmstart.batch_size", cfg.warmstart.batch_size)):
+        if ga < 1 or (rows // world) % ga:
+            raise ConfigError(f"deepspeed.gradient_accumulation_steps={ga} must divide each rank's rows "
+                              f"for {key} ({rows // world})")
     if ds.offload_param and ds.zero_stage != 3:
         raise ConfigError("deepspeed.offload_param needs deepspeed.zero_stage=3")
     if ds.offload_optimizer and ds.zero_stage == 0:

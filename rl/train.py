@@ -54,7 +54,7 @@ def launch_command(cfg: RunConfig, experiment: str, overrides: list[str]) -> lis
     child = [*overrides, f"run_name={cfg.run_name}"]
     if L.hostfile:
         # DeepSpeed's launcher reaches the other hosts itself (pdsh/ssh); slots come from the hostfile.
-        return ["deepspeed", f"--hostfile={L.hostfile}", f"--num_nodes={L.nnodes}",
+        return [str(Path(sys.executable).with_name("deepspeed")), f"--hostfile={L.hostfile}", f"--num_nodes={L.nnodes}",
                 f"--master_addr={L.master_addr}", f"--master_port={port}",
                 "--module", "rl.train", experiment, *child]
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={L.nproc_per_node}",

@@ -141,9 +141,13 @@ class Trainer:
                                           ws.hint_fraction)
         answers_NC, mask_NC = right_pad(answers, tok.pad_id)
         self.engine.train()
-        logp_NC, _, aux = score(self.engine, prompts, answers_NC, pad_id=tok.pad_id, router_logits=True)
-        loss, metrics = sft_loss(logp_NC, mask_NC)
-        metrics.update(self._update(loss, aux))
+
+        def loss_of(rows: slice):
+            logp, _, aux = score(self.engine, prompts[rows], answers_NC[rows], pad_id=tok.pad_id,
+                                 router_logits=True)
+            return (*sft_loss(logp, mask_NC[rows]), aux)
+
+        metrics = self._accumulate(len(prompts), loss_of)
         written, dropped = self.guard.take_counts()
         metrics["hint/leak_rate"] = dropped / max(1, written)
         return metrics
@@ -191,24 +195,33 @@ class Trainer:
                     temperature=ro.temperature)
             lap("hinted_scoring")
 
-        # 5. advantages, 6. loss
+        # 5. advantages, 6. loss and 7. DeepSpeed step, per gradient-accumulation micro-batch
         adv_N = group_advantages(rewards_BG, cfg.method.adv_std_norm).flatten()
+        hint_pos = {row: h for h, row in enumerate(hinted.rows)} if teacher_NC is not None else {}
+        prompt_width = max(len(p) for p in prompts)
         self.engine.train()
-        with self.routers.replay(routes) if cfg.student.router_replay else nullcontext():
-            logp_NC, logp_NCV, aux = score(self.engine, prompts, roll.completion_ids_NC, pad_id=tok.pad_id,
-                                           temperature=ro.temperature,
-                                           full=full and bool(hinted and hinted.rows), router_logits=True)
-        loss, metrics = policy_gradient_loss(logp_NC, roll.logprobs_NC, adv_N, roll.mask_NC,
-                                             cfg.method.clip_eps)
-        if teacher_NC is not None:
-            distill, m = self._distill_term(logp_NC, logp_NCV, teacher_NC, teacher_NCV, hinted, roll)
-            loss = loss + distill
-            metrics.update(m)
-        lap("forward")
 
-        # 7. DeepSpeed step
-        metrics.update(self._update(loss, aux))
-        lap("backward_step")
+        def loss_of(rows: slice):
+            mine = [i for i, row in enumerate(range(rows.start, rows.stop)) if row in hint_pos]
+            # A micro-batch is left-padded to its own longest prompt: drop the routes' extra columns.
+            shift = prompt_width - max(len(p) for p in prompts[rows])
+            with self.routers.replay([r[rows, shift:] for r in routes]) if cfg.student.router_replay else nullcontext():
+                logp_NC, logp_NCV, aux = score(self.engine, prompts[rows],
+                                               roll.completion_ids_NC[rows], pad_id=tok.pad_id,
+                                               temperature=ro.temperature, full=full and bool(mine),
+                                               router_logits=True)
+            loss, metrics = policy_gradient_loss(logp_NC, roll.logprobs_NC[rows], adv_N[rows],
+                                                 roll.mask_NC[rows], cfg.method.clip_eps)
+            if mine:
+                h = [hint_pos[rows.start + i] for i in mine]
+                distill, m = self._distill_term(logp_NC[mine], logp_NCV[mine] if full else None,
+                                                teacher_NC[h], teacher_NCV[h],
+                                                roll.completion_ids_NC[rows][mine], roll.mask_NC[rows][mine])
+                loss = loss + distill
+                metrics.update(m)
+            return loss, metrics, aux
+
+        metrics = self._accumulate(len(group), loss_of)
 
         if cfg.student.router_replay:
             # How often the training forward would have routed a token differently from rollout.
@@ -227,44 +240,65 @@ class Trainer:
         share = len(batch) // self.world
         return batch[self.rank * share:(self.rank + 1) * share]
 
-    def _update(self, loss: torch.Tensor, aux: torch.Tensor | None) -> dict[str, float]:
-        metrics = {"train/lr": self.scheduler.get_last_lr()[0]}
-        if aux is not None and self.cfg.student.router_aux_loss_coef > 0:
-            loss = loss + self.cfg.student.router_aux_loss_coef * aux
-            metrics["loss/router_aux"] = aux.item()
-        # One verdict for all ranks: a rank that skips backward while others run it would hang them.
-        if not dist.all_ranks(bool(torch.isfinite(loss))):
-            # Skip the update: a NaN would poison the weights and every checkpoint after it.
-            self.nonfinite_streak += 1
-            metrics["train/nonfinite_skipped"] = 1.0
-            if self.nonfinite_streak >= self.cfg.trainer.max_nonfinite_steps:
-                last = checkpoint.list_tags(self.ckpt_dir)
-                raise NonFiniteLossError(
-                    f"loss was NaN/inf for {self.nonfinite_streak} consecutive steps (step {self.step}); "
-                    f"stopped without updating. Last good checkpoint: "
-                    f"{self.ckpt_dir / last[-1] if last else 'none'} (resume=true continues from it)")
-            return metrics
+    def _accumulate(self, n_rows: int, loss_of) -> dict[str, float]:
+        """One optimizer update over this rank's n_rows, in `deepspeed.gradient_accumulation_steps`
+        micro-batches of consecutive rows: forward + backward each (DeepSpeed scales each loss by
+        1/GA and steps the optimizer at the last). loss_of(row slice) -> (loss, metrics, router aux).
+        Metrics are averaged over micro-batches; times are summed."""
+        ga = self.cfg.deepspeed.gradient_accumulation_steps
+        size, parts = n_rows // ga, []
+        lr = self.scheduler.get_last_lr()[0]            # the rate this update uses
+        for k in range(ga):
+            start = time.perf_counter()
+            loss, metrics, aux = loss_of(slice(k * size, (k + 1) * size))
+            if aux is not None and self.cfg.student.router_aux_loss_coef > 0:
+                loss = loss + self.cfg.student.router_aux_loss_coef * aux
+                metrics["loss/router_aux"] = aux.item()
+            metrics["time/forward_s"] = time.perf_counter() - start
+            # One verdict for all ranks: a rank that skips backward while others run it would hang them.
+            if not dist.all_ranks(bool(torch.isfinite(loss))):
+                return self._skip_nonfinite(metrics, accumulated=k)
+            start = time.perf_counter()
+            self.engine.backward(loss)
+            metrics["time/backward_s"] = time.perf_counter() - start
+            start = time.perf_counter()
+            self.engine.step()          # applies the update only at the last micro-batch
+            metrics["time/optimizer_s"] = time.perf_counter() - start   # clip + AdamW + schedule
+            metrics["loss/total"] = loss.item()
+            parts.append(metrics)
         self.nonfinite_streak = 0
-        start = time.perf_counter()
-        self.engine.backward(loss)
-        metrics["time/backward_s"] = time.perf_counter() - start
-        start = time.perf_counter()
-        self.engine.step()
-        metrics["time/optimizer_s"] = time.perf_counter() - start   # clip + AdamW + schedule
-        metrics["loss/total"] = loss.item()
-        return metrics
+        out = {k: sum(p[k] for p in parts if k in p) / sum(k in p for p in parts) for k in parts[-1]}
+        out.update({k: sum(p[k] for p in parts) for k in parts[-1] if k.startswith("time/")})
+        out["train/lr"] = lr
+        return out
 
-    def _distill_term(self, logp_NC, logp_NCV, teacher_HC, teacher_HCV, hinted, roll):
-        """coef × KL toward the hinted teacher on the hinted rows (H of N); (loss term, metrics)."""
-        m, rows = self.cfg.method, hinted.rows
-        mask_HC = roll.mask_NC[rows]
+    def _skip_nonfinite(self, metrics: dict[str, float], accumulated: int) -> dict[str, float]:
+        """Skip the update: a NaN would poison the weights and every checkpoint after it."""
+        last = checkpoint.list_tags(self.ckpt_dir)
+        resume = f"Last good checkpoint: {self.ckpt_dir / last[-1] if last else 'none'} (resume=true continues from it)"
+        if accumulated:
+            # Earlier micro-batches' gradients already sit in DeepSpeed's buffers; they cannot be
+            # dropped safely at every ZeRO stage, so stop before any of them reaches the weights.
+            raise NonFiniteLossError(f"loss was NaN/inf in gradient-accumulation micro-batch {accumulated + 1} "
+                                     f"of step {self.step + 1}; stopped without updating. {resume}")
+        self.nonfinite_streak += 1
+        if self.nonfinite_streak >= self.cfg.trainer.max_nonfinite_steps:
+            raise NonFiniteLossError(
+                f"loss was NaN/inf for {self.nonfinite_streak} consecutive steps (step {self.step}); "
+                f"stopped without updating. {resume}")
+        return {**{k: v for k, v in metrics.items() if not k.startswith("loss/")},
+                "train/nonfinite_skipped": 1.0, "train/lr": self.scheduler.get_last_lr()[0]}
+
+    def _distill_term(self, logp_HC, logp_HCV, teacher_HC, teacher_HCV, completion_HC, mask_HC):
+        """coef × KL toward the hinted teacher on H hinted rows; (loss term, metrics)."""
+        m = self.cfg.method
         if m.distill_span == "first_divergence":
-            mask_HC = span_to_first_divergence(teacher_HCV, roll.completion_ids_NC[rows], mask_HC)
+            mask_HC = span_to_first_divergence(teacher_HCV, completion_HC, mask_HC)
         if m.distill_estimator == "full":
-            distill, metrics = distill_kl_loss(logp_NCV[rows], teacher_HCV, mask_HC, m.distill_kl)
+            distill, metrics = distill_kl_loss(logp_HCV, teacher_HCV, mask_HC, m.distill_kl)
         else:
-            distill, metrics = sampled_distill_loss(logp_NC[rows], teacher_HC, mask_HC)
-        metrics["hint/distill_tokens"] = mask_HC.sum().item() / len(rows)
+            distill, metrics = sampled_distill_loss(logp_HC, teacher_HC, mask_HC)
+        metrics["hint/distill_tokens"] = mask_HC.sum().item() / len(mask_HC)
         return m.distill_coef * distill, metrics
 
     def _expert_load(self, routes, prompts, mask_NC) -> dict[str, float]:

@@ -96,3 +96,26 @@ def test_nonfinite_loss_stops_without_touching_weights(tmp_path, tiny_overrides,
     assert all(torch.equal(a, p) for a, p in zip(before, t.model.parameters()))
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2 and "train/nonfinite_skipped" in lines[1]   # eval at 0, step 1 skipped
+
+
+def test_gradient_accumulation_is_one_update_per_step(tmp_path, tiny_overrides):
+    from rl.config import load_config
+    from rl.train import resolve_run_dir
+    from rl.trainer import Trainer
+
+    def run(ga):
+        cfg = load_config("experiments/default", tiny_overrides + [
+            f"run_name=ga{ga}", f"deepspeed.gradient_accumulation_steps={ga}"])
+        t = Trainer(cfg, resolve_run_dir(cfg))
+        t.train()
+        return t, read_metrics(t.run_dir)
+
+    one, m1 = run(1)
+    two, m2 = run(2)
+    assert two.engine.global_steps == one.engine.global_steps == 7      # 3 warm-start + 4 RL updates
+    assert [m["train/lr"] for m in m2[1:]] == [m["train/lr"] for m in m1[1:]]
+    # Same data, same first weights: the first loss is the mean of two half-batch means.
+    assert abs(m2[1]["loss/sft"] - m1[1]["loss/sft"]) < 0.05
+    assert all("loss/pg" in m for m in m2[4:])
+    # Micro-batches are padded to their own prompt width; replayed routes must still line up.
+    assert max(m["router/replay_mismatch"] for m in m2[4:]) < 0.01
