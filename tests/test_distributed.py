@@ -62,17 +62,20 @@ def test_zero_stage_matches_zero0(two_rank_run, stage):
     assert_close_runs(metrics_of(ref_dir), metrics_of(run_dir))
 
 
-def test_zero3_resume_is_bit_identical(two_rank_run):
-    full_dir, _ = two_rank_run("z3", "deepspeed.zero_stage=3")
+def assert_resume_is_bit_identical(two_rank_run, name: str, *extra: str):
+    full_dir, _ = two_rank_run(name, *extra)
     # Stop after step 3 (warm-start only), drop the step-4 checkpoint, resume with the full budget.
-    part_dir, _ = two_rank_run("z3-part", "deepspeed.zero_stage=3", "trainer.steps=1",
-                               "trainer.checkpoint_every=3")
+    part_dir, _ = two_rank_run(f"{name}-part", *extra, "trainer.steps=1", "trainer.checkpoint_every=3")
     shutil.rmtree(part_dir / "checkpoints" / "step_0000004")
     out = run_cli(["experiments/default", *TWO_RANKS, f"output_dir={part_dir.parent.parent}",
-                   "run_name=z3-part", "resume=true"], timeout=900)
+                   f"run_name={name}-part", "resume=true"], timeout=900)
     assert out.returncode == 0, out.stderr[-4000:]
     assert metrics_of(part_dir) == metrics_of(full_dir)
     assert (part_dir / "rollouts.jsonl").read_text() == (full_dir / "rollouts.jsonl").read_text()
+
+
+def test_zero3_resume_is_bit_identical(two_rank_run):
+    assert_resume_is_bit_identical(two_rank_run, "z3", "deepspeed.zero_stage=3")
 
 
 def test_resume_on_other_rank_count_is_refused(two_rank_run, tmp_path):
@@ -105,15 +108,8 @@ def test_expert_parallel_matches_ep1(two_rank_run):
 
 
 def test_expert_parallel_resume_is_bit_identical(two_rank_run):
-    ep2 = ("deepspeed.zero_stage=2", "deepspeed.expert_parallel_size=2")
-    full_dir, _ = two_rank_run("ep2", *ep2)
-    part_dir, _ = two_rank_run("ep2-part", *ep2, "trainer.steps=1", "trainer.checkpoint_every=3")
-    shutil.rmtree(part_dir / "checkpoints" / "step_0000004")
-    out = run_cli(["experiments/default", *TWO_RANKS, f"output_dir={part_dir.parent.parent}",
-                   "run_name=ep2-part", "resume=true"], timeout=900)
-    assert out.returncode == 0, out.stderr[-4000:]
-    assert metrics_of(part_dir) == metrics_of(full_dir)
-    assert (part_dir / "rollouts.jsonl").read_text() == (full_dir / "rollouts.jsonl").read_text()
+    assert_resume_is_bit_identical(two_rank_run, "ep2", "deepspeed.zero_stage=2",
+                                   "deepspeed.expert_parallel_size=2")
 
 
 def test_expert_parallel_export_equals_ep1_export(two_rank_run, tmp_path):
