@@ -71,6 +71,10 @@ def export(run_dir: str | Path, out_dir: str | Path, step: int | None = None) ->
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tok.to_transformers().save_pretrained(out_dir)
+    # transformers 5 names the class TokenizersBackend; PreTrainedTokenizerFast (its alias there)
+    # is the name older transformers, and the engines built on them, also know.
+    tok_cfg = out_dir / "tokenizer_config.json"
+    tok_cfg.write_text(tok_cfg.read_text().replace('"TokenizersBackend"', '"PreTrainedTokenizerFast"'))
     return out_dir
 
 
