@@ -23,7 +23,6 @@ timeout 120 python -m pytest -q -p no:cacheprovider tests/test_kernels_cuda.py t
 stamp "benchmark"
 timeout 150 python -m benchmarks.moe --device cuda --iters 3
 if [ -n "${OUT:-}" ]; then cp benchmarks/results/moe-cuda.* "$OUT"/; fi
-stamp "done"
 
 # Exported students load in vLLM (only where vllm is installed: pip install -e ".[vllm]").
 if python -c "import vllm" 2>/dev/null; then
@@ -42,3 +41,4 @@ PY
 else
   stamp "vllm not installed: skipped the export-loads-in-vLLM check"
 fi
+stamp "done"
