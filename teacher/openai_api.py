@@ -18,7 +18,6 @@ import os
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
