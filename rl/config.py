@@ -219,22 +219,35 @@ def _nested(path: list[str], value: Any) -> dict:
     return {path[0]: _nested(path[1:], value) if len(path) > 1 else value}
 
 
+def _merge_experiment(cfg: DictConfig, folder: Path, seen: tuple[Path, ...]) -> DictConfig:
+    """Merge folder/config.yaml onto cfg; a top-level `base: ../other` (relative to the folder)
+    merges that experiment's config first, so a variant states only what it changes."""
+    path = folder / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file (an experiment folder holds config.yaml)")
+    if path.resolve() in seen:
+        raise ConfigError(f"{path}: 'base' chain loops back to itself")
+    try:
+        layer = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}:{where} malformed YAML: {getattr(err, 'problem', err)}") from None
+    if not isinstance(layer, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(layer).__name__}")
+    base = layer.pop("base", None)
+    if base is not None:
+        if not isinstance(base, str):
+            raise ConfigError(f"{path}: 'base' must be a path to another experiment folder")
+        cfg = _merge_experiment(cfg, (folder / base), seen + (path.resolve(),))
+    return _merge(cfg, layer, str(path))
+
+
 def load_config(experiment_dir: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
     """Schema defaults ← `experiment_dir/config.yaml` ← `overrides` ("a.b=value" strings)."""
     cfg = OmegaConf.structured(RunConfig)
     if experiment_dir is not None:
-        path = Path(experiment_dir) / "config.yaml"
-        if not path.is_file():
-            raise ConfigError(f"{path}: no such file (an experiment folder holds config.yaml)")
-        try:
-            layer = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            raise ConfigError(f"{path}:{where} malformed YAML: {getattr(err, 'problem', err)}") from None
-        if not isinstance(layer, dict):
-            raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(layer).__name__}")
-        cfg = _merge(cfg, layer, str(path))
+        cfg = _merge_experiment(cfg, Path(experiment_dir), seen=())
         if not cfg.experiment:
             cfg.experiment = Path(experiment_dir).resolve().name
     for item in overrides:

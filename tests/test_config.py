@@ -85,3 +85,18 @@ def test_scale_settings_are_checked(overrides, needle):
 def test_text_overrides_stay_text():
     cfg = load_config("experiments/default", ["run_name=off", "output_dir=yes"])
     assert (cfg.run_name, cfg.output_dir) == ("off", "yes")
+
+
+def test_base_experiment_is_merged_first(tmp_path):
+    (tmp_path / "parent").mkdir()
+    (tmp_path / "child").mkdir()
+    (tmp_path / "parent" / "config.yaml").write_text("trainer:\n  steps: 7\n  lr: 0.5\n")
+    (tmp_path / "child" / "config.yaml").write_text("base: ../parent\ntrainer:\n  lr: 0.25\n")
+    cfg = load_config(tmp_path / "child")
+    assert (cfg.trainer.steps, cfg.trainer.lr, cfg.experiment) == (7, 0.25, "child")
+    (tmp_path / "parent" / "config.yaml").write_text("base: ../child\n")
+    with pytest.raises(ConfigError, match="loops back"):
+        load_config(tmp_path / "child")
+    (tmp_path / "parent" / "config.yaml").write_text("trainer:\n  stepz: 1\n")
+    with pytest.raises(ConfigError, match=r"parent/config.yaml: unknown key 'trainer.stepz'"):
+        load_config(tmp_path / "child")
