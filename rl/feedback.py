@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rl.rollout import score
+from rl.rollout import score_shared_prompts
 from rl.tasks import Problem, Verdict
 from student.tokenizer import ByteTokenizer
 from teacher import HintRequest, LeakGuard, Teacher
@@ -70,6 +70,5 @@ def teacher_logprobs(model, hinted: HintedRows, completion_NC: torch.Tensor, *, 
 
     The full distribution is always returned: the distillation span needs the teacher's argmax.
     """
-    logprobs, logp_full, _ = score(model, hinted.prompt_ids, completion_NC[hinted.rows],
-                                   pad_id=pad_id, temperature=temperature, full=True)
-    return logprobs, logp_full
+    return score_shared_prompts(model, hinted.prompt_ids, completion_NC[hinted.rows], pad_id=pad_id,
+                                temperature=temperature)

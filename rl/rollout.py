@@ -93,6 +93,42 @@ def score(model, prompt_ids: list[list[int]], completion_NC: torch.Tensor, *, pa
     return logprobs_NC, (logp_NCV if full else None), aux
 
 
+@torch.no_grad()
+def score_shared_prompts(model, prompt_ids: list[list[int]], completion_NC: torch.Tensor, *, pad_id: int,
+                         temperature: float = 1.0):
+    """`score(..., full=True)` without gradient, each distinct prompt forwarded once.
+
+    Rows often share a prompt: the hinted attempts of one group mostly get the same hint (the
+    rule teacher's "starts with 1" fits every attempt that goes wrong at the first digit). The
+    U distinct prompts run once with a KV cache, the cache is gathered out to the N rows, and the
+    completions run on top: U instead of N prompt forwards, for one extra forward call. Equal to
+    `score` up to float rounding (other batch shapes). Returns (logprobs_NC, logp_NCV).
+    Not for training under router replay: that forces one route tensor per forward call.
+    """
+    distinct: dict[tuple[int, ...], int] = {}
+    row_U = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompt_ids])
+    if len(distinct) > len(prompt_ids) // 2:    # saving under half the prompt forwards: one call
+        logprobs_NC, logp_NCV, _ = score(model, prompt_ids, completion_NC, pad_id=pad_id,
+                                         temperature=temperature, full=True)
+        return logprobs_NC, logp_NCV
+    ids_UP, mask_UP = left_pad([list(p) for p in distinct], pad_id)
+    out = model(input_ids=ids_UP, attention_mask=mask_UP, position_ids=_positions(mask_UP), use_cache=True,
+                logits_to_keep=1, output_router_logits=False)
+    logits_NCV = out.logits[:, -1:][row_U]               # the last prompt position predicts completion[0]
+    c = completion_NC.shape[1]
+    if c > 1:
+        cache = out.cache
+        cache.batch_select_indices(row_U)
+        inputs_NS = completion_NC[:, :-1]                # the last token predicts nothing scored
+        mask_NP = mask_UP[row_U]
+        mask = torch.cat([mask_NP, torch.ones_like(inputs_NS)], dim=1)
+        out = model(input_ids=inputs_NS, attention_mask=mask, position_ids=_positions(mask)[:, mask_NP.shape[1]:],
+                    cache=cache, use_cache=True, logits_to_keep=c - 1, output_router_logits=False)
+        logits_NCV = torch.cat([logits_NCV, out.logits[:, -(c - 1):]], dim=1)
+    logp_NCV = F.log_softmax(logits_NCV.float() / temperature, dim=-1)
+    return logp_NCV.gather(-1, completion_NC[..., None]).squeeze(-1), logp_NCV
+
+
 def right_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids_NC, mask_NC) for completions given as lists, e.g. demonstration answers."""
     width = max(len(r) for r in rows)

@@ -63,3 +63,23 @@ def test_every_registered_family_samples_consistently(arch):
         logprobs, _, _ = score(model, prompts, out.completion_ids_NC, pad_id=TOK.pad_id)
     assert out.mask_NC[:, 0].all()
     assert (logprobs - out.logprobs_NC).masked_fill(~out.mask_NC, 0).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("repeats", [4, 1])   # shared prefixes, and the one-forward fallback
+def test_shared_prompt_scoring_equals_plain_scoring(repeats):
+    from rl.rollout import score_shared_prompts
+
+    model = tiny_model()
+    distinct = [TOK.render_prompt("12 + 35", "starts with 4"), TOK.render_prompt("1 - 2", "ends with 1"),
+                TOK.render_prompt("7 + 8")]                       # three lengths: left padding differs
+    prompts = [p for p in distinct for _ in range(repeats)]
+    torch.manual_seed(3)
+    completion = generate(model, prompts, max_new_tokens=5, eos_id=TOK.eos_id, pad_id=TOK.pad_id).completion_ids_NC
+    with torch.no_grad():
+        want_NC, want_NCV, _ = score(model, prompts, completion, pad_id=TOK.pad_id, temperature=0.7, full=True)
+    got_NC, got_NCV = score_shared_prompts(model, prompts, completion, pad_id=TOK.pad_id, temperature=0.7)
+    assert got_NCV.shape == want_NCV.shape
+    assert (got_NCV - want_NCV).abs().max() < 1e-5 and (got_NC - want_NC).abs().max() < 1e-5
+    # one completion token: the prompt forward alone scores it
+    got_N1 = score_shared_prompts(model, prompts, completion[:, :1], pad_id=TOK.pad_id, temperature=0.7)[0]
+    assert (got_N1 - want_NC[:, :1]).abs().max() < 1e-5
