@@ -17,6 +17,22 @@ TINY = [
 ]
 
 
+# A single-process Trainer in the test process sets these for DeepSpeed (rl/engine.py); a CLI run
+# started afterwards would inherit them and take itself for a rank of that finished process group.
+_PROCESS_GROUP_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def _restore_process_group_env():
+    saved = {k: os.environ.get(k) for k in _PROCESS_GROUP_ENV}
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @pytest.fixture
 def tiny_overrides(tmp_path):
     return TINY + [f"output_dir={tmp_path / 'runs'}"]
