@@ -110,16 +110,18 @@ def _reward_fn(problems, verifier):
 
 
 def run_trl(kind: str, w, init_dir: str, problems, verifier, out_dir: str, on_step=None) -> dict:
-    """kind: "grpo" (GRPOTrainer) or "sdpo" (SDPOTrainer fed our hints). Returns raw per-step data."""
+    """kind: "grpo" / "grpo_gc" (GRPOTrainer without / with activation checkpointing) or "sdpo"
+    (SDPOTrainer fed our hints). Returns raw per-step data."""
     tok = ByteTokenizer()
     clock = StepClock(on_step)
     common = dict(model=init_dir, reward_funcs=_reward_fn(problems, verifier),
                   train_dataset=_dataset(problems), processing_class=hf_tokenizer(tok),
                   callbacks=[clock.callback])
-    if kind == "grpo":
+    if kind in ("grpo", "grpo_gc"):
         from trl import GRPOConfig, GRPOTrainer
 
-        trainer = GRPOTrainer(args=GRPOConfig(**_common_args(w, out_dir)), **common)
+        args = _common_args(w, out_dir) | {"gradient_checkpointing": kind == "grpo_gc"}
+        trainer = GRPOTrainer(args=GRPOConfig(**args), **common)
     else:
         from trl.experimental.sdpo import SDPOConfig, SDPOTrainer
 
@@ -132,7 +134,7 @@ def run_trl(kind: str, w, init_dir: str, problems, verifier, out_dir: str, on_st
     model = trainer.model
     trainer.train()
     tokens = [log["completions/mean_length"] * w.prompts * w.samples for log in clock.logs]
-    reward_key = "reward" if kind == "grpo" else "self_distillation/reward_mean"
+    reward_key = "self_distillation/reward_mean" if kind == "sdpo" else "reward"
     return {"step_s": clock.step_s, "cpu_s": clock.cpu_s, "tokens": tokens,
             "reward_mean": [log[reward_key] for log in clock.logs],
             "hint_rate": [log.get("self_distillation/reprompt_sample_fraction", 0.0) for log in clock.logs],

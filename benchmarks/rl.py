@@ -38,7 +38,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 README = ROOT / "benchmarks" / "README.md"
-CONTENDERS = ("grpo", "hint_distill", "trl_grpo", "trl_sdpo")
+# trl_grpo_gc: TRL GRPO with its own default, activation (gradient) checkpointing on; reported
+# beside trl_grpo (checkpointing off, TRL's faster setting and the baseline of the ratios).
+CONTENDERS = ("grpo", "hint_distill", "trl_grpo", "trl_sdpo", "trl_grpo_gc")
 FIRST_MEASURED_STEP = 5
 # Our stages, in step order, as the trainer logs them (rl/trainer.py `rl_step`, `_update`).
 STAGES = {"generation": "time/rollout_s", "verification": "time/verify_s", "teacher": "time/teacher_s",
