@@ -42,7 +42,7 @@ README = ROOT / "benchmarks" / "README.md"
 # beside trl_grpo (checkpointing off, TRL's faster setting and the baseline of the ratios).
 CONTENDERS = ("grpo", "hint_distill", "trl_grpo", "trl_sdpo", "trl_grpo_gc")
 FIRST_MEASURED_STEP = 5
-# Our stages, in step order, as the trainer logs them (rl/trainer.py `rl_step`, `_update`).
+# Our stages, in step order, as the trainer logs them (rl/trainer.py `rl_step`, `_accumulate`).
 STAGES = {"generation": "time/rollout_s", "verification": "time/verify_s", "teacher": "time/teacher_s",
           "hinted scoring": "time/hinted_scoring_s", "forward + loss": "time/forward_s",
           "backward": "time/backward_s", "optimizer": "time/optimizer_s"}
