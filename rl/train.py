@@ -70,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.experiment, args.overrides)
         launched = "LOCAL_RANK" in os.environ          # we are a rank started by a launcher
-        multi = cfg.launcher.nproc_per_node * cfg.launcher.nnodes > 1
-        if multi and not launched and cfg.launcher.nnodes > 1 and not cfg.run_name:
+        if not launched and cfg.launcher.nnodes > 1 and not cfg.run_name:
             raise ConfigError("launcher.nnodes > 1: pass the same run_name=... on every node")
         run_dir = resolve_run_dir(cfg)
         if cfg.resume:
@@ -82,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {err}", file=sys.stderr)
         return 2
 
-    if multi and not launched:
+    # After a resume's reload: `resume=true` alone relaunches a run on the ranks it was saved with.
+    if cfg.launcher.nproc_per_node * cfg.launcher.nnodes > 1 and not launched:
         cmd = launch_command(cfg, args.experiment, args.overrides)
         print(f"run folder: {run_dir}\nlaunching: {shlex.join(cmd)}", flush=True)
         return subprocess.call(cmd)

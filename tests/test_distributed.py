@@ -67,7 +67,8 @@ def assert_resume_is_bit_identical(two_rank_run, name: str, *extra: str):
     # Stop after step 3 (warm-start only), drop the step-4 checkpoint, resume with the full budget.
     part_dir, _ = two_rank_run(f"{name}-part", *extra, "trainer.steps=1", "trainer.checkpoint_every=3")
     shutil.rmtree(part_dir / "checkpoints" / "step_0000004")
-    out = run_cli(["experiments/default", *TWO_RANKS, f"output_dir={part_dir.parent.parent}",
+    # No launcher override: the run's saved config brings its 2 ranks back.
+    out = run_cli(["experiments/default", *TINY, f"output_dir={part_dir.parent.parent}",
                    f"run_name={name}-part", "resume=true"], timeout=900)
     assert out.returncode == 0, out.stderr[-4000:]
     assert metrics_of(part_dir) == metrics_of(full_dir)
