@@ -95,7 +95,9 @@ def moe_block_types(model: torch.nn.Module) -> list[type]:
 
 
 def build_engine(build_model: Callable[[], torch.nn.Module], cfg):
-    """(engine, optimizer, scheduler); `build_model` runs partitioned under ZeRO-3."""
+    """(engine, optimizer, scheduler). Under ZeRO-3 `build_model` loading `student.checkpoint`
+    runs partitioned (see the module docstring); with expert parallelism the experts are sharded
+    before DeepSpeed sees the model."""
     import deepspeed
     from deepspeed.utils import set_z3_leaf_modules
     from transformers.integrations import HfDeepSpeedConfig
