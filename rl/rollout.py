@@ -86,11 +86,15 @@ def score(model, prompt_ids: list[list[int]], completion_NC: torch.Tensor, *, pa
     kwargs = dict(output_router_logits=True) if router_logits else {}
     out = model(input_ids=ids, attention_mask=mask, position_ids=_positions(mask), use_cache=False,
                 logits_to_keep=c, **kwargs)
-    logits_NCV = out.logits[:, -c:].float() / temperature
-    logp_NCV = F.log_softmax(logits_NCV, dim=-1)
-    logprobs_NC = logp_NCV.gather(-1, completion_NC[..., None]).squeeze(-1)
+    logprobs_NC, logp_NCV = _token_logprobs(out.logits[:, -c:], completion_NC, temperature)
     aux = getattr(out, "aux_loss", None) if router_logits else None
     return logprobs_NC, (logp_NCV if full else None), aux
+
+
+def _token_logprobs(logits_NCV: torch.Tensor, completion_NC: torch.Tensor, temperature: float):
+    """(log-prob of each completion token, full log-softmax) from the logits that predict them."""
+    logp_NCV = F.log_softmax(logits_NCV.float() / temperature, dim=-1)
+    return logp_NCV.gather(-1, completion_NC[..., None]).squeeze(-1), logp_NCV
 
 
 @torch.no_grad()
@@ -125,8 +129,7 @@ def score_shared_prompts(model, prompt_ids: list[list[int]], completion_NC: torc
         out = model(input_ids=inputs_NS, attention_mask=mask, position_ids=_positions(mask)[:, mask_NP.shape[1]:],
                     cache=cache, use_cache=True, logits_to_keep=c - 1, output_router_logits=False)
         logits_NCV = torch.cat([logits_NCV, out.logits[:, -(c - 1):]], dim=1)
-    logp_NCV = F.log_softmax(logits_NCV.float() / temperature, dim=-1)
-    return logp_NCV.gather(-1, completion_NC[..., None]).squeeze(-1), logp_NCV
+    return _token_logprobs(logits_NCV, completion_NC, temperature)
 
 
 def right_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -77,12 +77,17 @@ def main(argv: list[str] | None = None) -> int:
             # A resumed run keeps the config it started with; overrides still apply on top.
             cfg = load_config(run_dir, args.overrides)
             cfg.run_name = run_dir.name
+        world = cfg.launcher.nproc_per_node * cfg.launcher.nnodes
+        if launched and int(os.environ.get("WORLD_SIZE", world)) != world:
+            # The config's batch checks assume its own rank count (rl/config.py::_validate_scale).
+            raise ConfigError(f"the launcher started {os.environ['WORLD_SIZE']} ranks but launcher.nproc_per_node x "
+                              f"launcher.nnodes = {world}; set them to match")
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
 
     # After a resume's reload: `resume=true` alone relaunches a run on the ranks it was saved with.
-    if cfg.launcher.nproc_per_node * cfg.launcher.nnodes > 1 and not launched:
+    if world > 1 and not launched:
         cmd = launch_command(cfg, args.experiment, args.overrides)
         print(f"run folder: {run_dir}\nlaunching: {shlex.join(cmd)}", flush=True)
         return subprocess.call(cmd)

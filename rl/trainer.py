@@ -60,10 +60,6 @@ class Trainer:
         self.model = self.engine.module
         self.rank, self.world = dist.rank(), dist.world_size()
         self.is_main = self.rank == 0
-        for key, size in (("rollout.prompts_per_step", cfg.rollout.prompts_per_step),
-                          ("warmstart.batch_size", cfg.warmstart.batch_size)):
-            if size % self.world:
-                raise ValueError(f"{key}={size} must be divisible by the number of ranks ({self.world})")
         if self.rank:
             torch.manual_seed(cfg.seed + self.rank)
         self.rng = random.Random(cfg.seed + self.rank)

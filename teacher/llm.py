@@ -32,9 +32,11 @@ class ChatTeacher:
             replies = self.complete(chats) if chats else []
         else:
             keys = [json.dumps(c, sort_keys=True) for c in chats]
-            known = {k: self._replies[k] for k in keys if k in self._replies}
-            todo = list(dict.fromkeys(k for k in keys if k not in known))
-            known.update(zip(todo, self.complete([json.loads(k) for k in todo])) if todo else ())
+            chat_of = dict(zip(keys, chats))                    # distinct prompts, in order
+            known = {k: self._replies[k] for k in chat_of if k in self._replies}
+            todo = [k for k in chat_of if k not in known]
+            if todo:
+                known.update(zip(todo, self.complete([chat_of[k] for k in todo])))
             for key in todo:
                 if known[key] is not None:
                     self._remember(key, known[key])

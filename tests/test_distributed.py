@@ -137,3 +137,17 @@ def test_zero3_loads_a_checkpoint_partitioned(two_rank_run, tmp_path):
     assert_close_runs(metrics_of(a), metrics_of(b), rtol=1e-6, atol=1e-7)
     # Trained weights, not a fresh init: the first loss differs from the from-config run's.
     assert abs(metrics_of(a)[1]["loss/sft"] - metrics_of(src)[1]["loss/sft"]) > 1e-3
+
+
+def test_launcher_rank_count_must_match_the_config(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                          "--master_port=0", "-m", "rl.train", "experiments/default", *TINY,
+                          f"output_dir={tmp_path}"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode != 0 and "the launcher started 2 ranks" in out.stderr
