@@ -20,24 +20,12 @@ import torch
 
 from student.tokenizer import ByteTokenizer
 
-SPECIALS = {"<pad>": "pad_id", "<bos>": "bos_id", "<eos>": "eos_id", "<hint>": "hint_id",
-            "<assistant>": "assistant_id"}
-
-
 def hf_tokenizer(tok: ByteTokenizer):
-    """A transformers tokenizer whose ids equal ByteTokenizer's: byte b -> id b, specials after."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    vocab = {char: byte for byte, char in bytes_to_unicode().items()}   # byte-level alphabet
-    vocab.update({name: getattr(tok, attr) for name, attr in SPECIALS.items()})
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))               # no merges: one token per byte
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    core.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<bos>",
-                                   eos_token="<eos>", additional_special_tokens=["<hint>", "<assistant>"],
-                                   padding_side="left")
+    """A transformers tokenizer whose ids equal ByteTokenizer's (the one exports ship), left-padded
+    for TRL's batched generation."""
+    hf = tok.to_transformers()
+    hf.padding_side = "left"
+    return hf
 
 
 def prompt_text(prompt: str, hint: str | None = None) -> str:
