@@ -94,6 +94,18 @@ def moe_block_types(model: torch.nn.Module) -> list[type]:
                    if any(id(c) in routers for c in m.children())}, key=lambda t: t.__name__)
 
 
+def call_through(engine, fn):
+    """fn() run as `engine`'s forward: DeepSpeed hooks the outputs of its forward for the backward
+    (ZeRO's gradient bookkeeping), so a forward computed outside the module's own `forward` (the
+    lean forward, student/lean.py) goes through here."""
+    module = engine.module
+    module.forward = lambda: fn()         # an instance attribute shadows the class's forward
+    try:
+        return engine()
+    finally:
+        del module.forward
+
+
 def build_engine(build_model: Callable[[], torch.nn.Module], cfg):
     """(engine, optimizer, scheduler). Under ZeRO-3 `build_model` loading `student.checkpoint`
     runs partitioned (see the module docstring); with expert parallelism the experts are sharded

@@ -65,10 +65,10 @@ def hint_failed_attempts(teacher: Teacher, guard: LeakGuard, tok: ByteTokenizer,
 
 @torch.no_grad()
 def teacher_logprobs(model, hinted: HintedRows, completion_NC: torch.Tensor, *, pad_id: int,
-                     temperature: float):
+                     temperature: float, lean=None):
     """Scores of the student's own tokens under the hinted context: (logprobs_HC, logp_HCV).
 
     The full distribution is always returned: the distillation span needs the teacher's argmax.
     """
     return score_shared_prompts(model, hinted.prompt_ids, completion_NC[hinted.rows], pad_id=pad_id,
-                                temperature=temperature)
+                                temperature=temperature, lean=lean)

@@ -16,6 +16,7 @@ import os
 import random
 import time
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -24,7 +25,7 @@ from tqdm import tqdm
 from rl import checkpoint
 from rl.config import RunConfig, to_yaml
 from rl import distributed as dist
-from rl.engine import build_engine
+from rl.engine import build_engine, call_through
 from rl.evaluate import eval_metrics, evaluate
 from rl.feedback import hint_failed_attempts, teacher_logprobs
 from rl.losses import (distill_kl_loss, group_advantages, policy_gradient_loss,
@@ -36,6 +37,7 @@ from rl.runlog import RunLogger
 from rl.tasks import TaskSource
 from rl.warmstart import demonstrations
 from student import ByteTokenizer, build_student, count_parameters
+from student.lean import LeanForward, unsupported as lean_unsupported
 from student.router_replay import RouterReplay
 from teacher import LeakGuard, build_teacher
 
@@ -69,6 +71,7 @@ class Trainer:
         self.routers = RouterReplay(self.model)
         self.rollout_routers = (self.routers if self.rollout.module is self.model
                                 else RouterReplay(self.rollout.module))
+        self.lean_rollout, self.lean_train = self._lean_forwards()
         self.ckpt_dir = run_dir / "checkpoints"
         self.step, self.nonfinite_streak, resume_step = 0, 0, None
         if cfg.resume:
@@ -76,6 +79,21 @@ class Trainer:
             resume_step = self.step
         self.log = RunLogger(run_dir, to_yaml(cfg), resume_step) if self.is_main else None
         self.n_params = count_parameters(self.rollout.module)
+
+    def _lean_forwards(self) -> tuple[LeanForward | None, LeanForward | None]:
+        """The lean forward (student/lean.py) for generation and scoring without gradient, and for
+        the training forward when the engine's module is whole (not under ZeRO-3 or expert
+        parallelism, where parameters are partitioned and DeepSpeed's own forward gathers them)."""
+        if not self.cfg.student.lean_forward:
+            return None, None
+        reason = lean_unsupported(self.rollout.module)
+        if reason is not None:
+            if self.is_main:
+                tqdm.write(f"[hintrl] student.lean_forward: {reason}; using the transformers forward")
+            return None, None
+        if self.rollout.module is not self.model:
+            return LeanForward(self.rollout.module), None
+        return LeanForward(self.model), LeanForward(self.model, runner=partial(call_through, self.engine))
 
     @property
     def total_steps(self) -> int:
@@ -126,7 +144,7 @@ class Trainer:
         self.rollout.module.eval()
         mine = self.tasks.eval_problems[self.rank::self.world]
         counts = evaluate(self.rollout.module, mine, self.tasks, self.teacher, self.tok,
-                          self.cfg.rollout.max_new_tokens)
+                          self.cfg.rollout.max_new_tokens, lean=self.lean_rollout)
         return eval_metrics(dist.sum_over_ranks(counts))
 
     # ------------------------------------------------------------------ warm-start
@@ -140,7 +158,7 @@ class Trainer:
 
         def loss_of(rows: slice):
             logp, _, aux = score(self.engine, prompts[rows], answers_NC[rows], pad_id=tok.pad_id,
-                                 router_logits=True)
+                                 router_logits=True, lean=self.lean_train)
             return (*sft_loss(logp, mask_NC[rows]), aux)
 
         metrics = self._accumulate(len(prompts), loss_of)
@@ -167,10 +185,11 @@ class Trainer:
         prompts = [tok.render_prompt(p.prompt) for p in group]
         self.rollout.sync()
         self.rollout.module.eval()
-        with self.rollout_routers.record() as recording:
+        # The lean forward returns its routes; the transformers forward's are recorded by hooks.
+        with self.rollout_routers.record() if self.lean_rollout is None else nullcontext() as recording:
             roll = generate(self.rollout.module, prompts, max_new_tokens=ro.max_new_tokens, eos_id=tok.eos_id,
-                            pad_id=tok.pad_id, temperature=ro.temperature)
-        routes = recording.routes(batch_size=len(prompts))
+                            pad_id=tok.pad_id, temperature=ro.temperature, lean=self.lean_rollout)
+        routes = roll.routes.per_row() if roll.routes is not None else recording.routes(batch_size=len(prompts))
         attempts = [tok.decode(row.tolist()) for row in roll.completion_ids_NC]
         lap("rollout")
 
@@ -188,7 +207,7 @@ class Trainer:
             if hinted.rows:
                 teacher_NC, teacher_NCV = teacher_logprobs(
                     self.rollout.module, hinted, roll.completion_ids_NC, pad_id=tok.pad_id,
-                    temperature=ro.temperature)
+                    temperature=ro.temperature, lean=self.lean_rollout)
             lap("hinted_scoring")
 
         # 5. advantages, 6. loss and 7. DeepSpeed step, per gradient-accumulation micro-batch
@@ -199,13 +218,17 @@ class Trainer:
 
         def loss_of(rows: slice):
             mine = [i for i, row in enumerate(range(rows.start, rows.stop)) if row in hint_pos]
-            # A micro-batch is left-padded to its own longest prompt: drop the routes' extra columns.
-            shift = prompt_width - max(len(p) for p in prompts[rows])
-            with self.routers.replay([r[rows, shift:] for r in routes]) if cfg.student.router_replay else nullcontext():
-                logp_NC, logp_NCV, aux = score(self.engine, prompts[rows],
-                                               roll.completion_ids_NC[rows], pad_id=tok.pad_id,
-                                               temperature=ro.temperature, full=full and bool(mine),
-                                               router_logits=True)
+            kwargs = dict(pad_id=tok.pad_id, temperature=ro.temperature, full=full and bool(mine), router_logits=True)
+            if self.lean_train is not None:     # routes as arguments; each distinct prompt forwarded once
+                replay = cfg.student.router_replay
+                logp_NC, logp_NCV, aux = score(self.engine, prompts[rows], roll.completion_ids_NC[rows],
+                                               lean=self.lean_train, routes=roll.routes.select(rows) if replay else None,
+                                               replay=self.routers if replay else None, **kwargs)
+            else:
+                # A micro-batch is left-padded to its own longest prompt: drop the routes' extra columns.
+                shift = prompt_width - max(len(p) for p in prompts[rows])
+                with self.routers.replay([r[rows, shift:] for r in routes]) if cfg.student.router_replay else nullcontext():
+                    logp_NC, logp_NCV, aux = score(self.engine, prompts[rows], roll.completion_ids_NC[rows], **kwargs)
             loss, metrics = policy_gradient_loss(logp_NC, roll.logprobs_NC[rows], adv_N[rows],
                                                  roll.mask_NC[rows], cfg.method.clip_eps)
             if mine:

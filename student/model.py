@@ -32,6 +32,7 @@ class StudentConfig:
     router_aux_loss_coef: float = 0.001
     experts_implementation: str = "hintrl"  # transformers ExpertsInterface name: "hintrl" (ours), "eager", "grouped_mm"
     router_replay: bool = True       # training forward reuses the experts chosen at rollout time
+    lean_forward: bool = True        # run on student/lean.py where the family allows (else transformers' forward)
     attn_implementation: str = "sdpa"
     dtype: str = "float32"
 

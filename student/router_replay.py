@@ -103,6 +103,21 @@ class RouterReplay:
         return {"slots": slots, "mismatched": mism, "mismatch_rate": mism / slots if slots else 0.0,
                 "per_layer": [(int(s), int(m)) for s, m in zip(self._slots.tolist(), self._mismatched.tolist())]}
 
+    def count(self, layer: int, forced_NK: torch.Tensor, own_NK: torch.Tensor,
+              forced_N: torch.Tensor | None = None) -> None:
+        """Add one forward's forced slots, and those the router would not have picked itself, to
+        the counters (also called by student.lean, which routes without hooks)."""
+        with torch.no_grad():  # counters stay on the device: no host sync per layer
+            if self._slots.device != forced_NK.device:
+                self._slots, self._mismatched = self._slots.to(forced_NK.device), self._mismatched.to(forced_NK.device)
+            hit_NK = (forced_NK[:, :, None] == own_NK[:, None, :]).any(-1)
+            if forced_N is None:
+                self._slots[layer] += forced_NK.numel()
+                self._mismatched[layer] += (~hit_NK).sum()
+            else:
+                self._slots[layer] += forced_N.sum() * self.top_k
+                self._mismatched[layer] += (~hit_NK & forced_N[:, None]).sum()
+
     def reset_stats(self) -> None:
         self._slots = torch.zeros(self.num_layers, dtype=torch.long)
         self._mismatched = torch.zeros(self.num_layers, dtype=torch.long)
@@ -143,12 +158,7 @@ class RouterReplay:
             forced_NK = self._forced_rows(layer, logits_NE.size(0), logits_NE.device)
             free_N = forced_NK[:, 0] < 0
             forced_NK = torch.where(free_N[:, None], ids_NK.to(torch.long), forced_NK)
-            with torch.no_grad():  # counters stay on the device: no host sync per layer
-                if self._slots.device != logits_NE.device:
-                    self._slots, self._mismatched = self._slots.to(logits_NE.device), self._mismatched.to(logits_NE.device)
-                hit_NK = (forced_NK[:, :, None] == ids_NK[:, None, :]).any(-1)
-                self._slots[layer] += (~free_N).sum() * self.top_k
-                self._mismatched[layer] += (~hit_NK & ~free_N[:, None]).sum()
+            self.count(layer, forced_NK, ids_NK, forced_N=~free_N)
             weights_NK = _replay_weights(kind, module, logits_NE, forced_NK).to(scores_NK.dtype)
             return logits_NE, weights_NK, forced_NK.to(ids_NK.dtype)
 

@@ -35,11 +35,11 @@ def two_rank_run(tmp_path_factory):
     return run
 
 
-def assert_close_runs(ref: list[dict], other: list[dict], rtol=1e-3, atol=1e-5):
+def assert_close_runs(ref: list[dict], other: list[dict], rtol=1e-3, atol=1e-5, skip=()):
     assert [m["step"] for m in ref] == [m["step"] for m in other]
     for a, b in zip(ref, other):
         assert set(a) == set(b), a["step"]
-        for k in a:
+        for k in set(a) - set(skip):
             assert abs(a[k] - b[k]) <= atol + rtol * abs(a[k]), (a["step"], k, a[k], b[k])
 
 
@@ -59,7 +59,10 @@ def test_zero_stage_matches_zero0(two_rank_run, stage):
     assert f"ZeRO-{stage}" in out.stdout
     # Same samples (ZeRO-3 generates with a synced full copy), same losses up to reduction order.
     assert (run_dir / "rollouts.jsonl").read_text() == (ref_dir / "rollouts.jsonl").read_text()
-    assert_close_runs(metrics_of(ref_dir), metrics_of(run_dir))
+    # ZeRO-3 trains through transformers' forward (partitioned weights), ZeRO-0 through the lean one
+    # that also generated: only the former's rounding differs from rollout's and can flip a routing tie.
+    assert_close_runs(metrics_of(ref_dir), metrics_of(run_dir),
+                      skip=("router/replay_mismatch",) if stage == 3 else ())
 
 
 def assert_resume_is_bit_identical(two_rank_run, name: str, *extra: str):
@@ -105,7 +108,9 @@ def test_expert_parallel_matches_ep1(two_rank_run):
     shards = {p.name for p in (run_dir / "checkpoints" / "step_0000007").iterdir()}
     assert {"expert_shard_ep0.pt", "expert_shard_ep1.pt"} <= shards
     assert (run_dir / "rollouts.jsonl").read_text() == (ref_dir / "rollouts.jsonl").read_text()
-    assert_close_runs(metrics_of(ref_dir), metrics_of(run_dir))
+    # Expert parallelism trains through transformers' forward, EP=1 through the lean one that also
+    # generated: only the former's rounding differs from rollout's and can flip a routing tie.
+    assert_close_runs(metrics_of(ref_dir), metrics_of(run_dir), skip=("router/replay_mismatch",))
 
 
 def test_expert_parallel_resume_is_bit_identical(two_rank_run):

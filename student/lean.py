@@ -1,0 +1,288 @@
+"""A lean forward pass for the student, run on the transformers module's own parameters.
+
+Why: at RL shapes (a few dozen rows, tens of tokens, a few million parameters) the step is made
+of small ops, and the transformers forward adds per-call work the arithmetic does not need: a
+growing `DynamicCache` re-concatenated every decode step, CPU flash attention whose blocking
+costs more than these tiny attentions, mask building, output dataclasses. This file is the same
+decoder written out as tensor ops on the same parameters, with three things the module API does
+not offer:
+
+* a preallocated KV cache for decoding (`StaticKV`),
+* prompt sharing: rows that share a prompt (the G attempts of a group) forward it once, and its
+  keys/values are gathered to the rows (`PrefixKV`), in generation and in training alike; the
+  gradient of the shared prompt sums over its rows,
+* routes as arguments: each forward may record the experts it picked and may be told which
+  experts to use (router replay, student/router_replay.py), with no hooks.
+
+Nothing is copied: weights stay where DeepSpeed and the checkpoints put them (ZeRO 0-2, or the
+rollout copy under ZeRO-3). `unsupported(model)` says when a model needs the transformers forward
+instead (another family, sliding windows, attention biases); the tests hold this forward equal to
+transformers' to float rounding, logits and gradients.
+
+Shapes: N rows, S tokens fed in this call, T keys (cached + new), D hidden, H query heads,
+Hkv key/value heads, d head width, E experts, K routed slots, L routed layers, V vocabulary.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels import ops
+from student.experts import expert_mlp
+
+# model_type -> whether queries and keys are RMS-normalised per head (Qwen3) or not (Mixtral).
+FAMILIES = {"qwen3_moe": True, "mixtral": False}
+
+
+def unsupported(model: torch.nn.Module) -> str | None:
+    """Why `model` cannot run on LeanForward, or None when it can."""
+    c = getattr(model, "config", None)
+    kind = getattr(c, "model_type", None)
+    if kind not in FAMILIES:
+        return f"model_type {kind!r} has no lean forward (it has: {sorted(FAMILIES)})"
+    if getattr(c, "sliding_window", None) is not None and getattr(c, "use_sliding_window", True):
+        return "sliding-window attention"
+    if getattr(c, "attention_bias", False):
+        return "attention projections with bias"
+    if getattr(c, "router_jitter_noise", 0.0):
+        return "router jitter noise"
+    layers = model.model.layers
+    if any(getattr(getattr(l.mlp, "experts", None), "has_bias", False) for l in layers):
+        return "expert biases"
+    return None
+
+
+# ---------------------------------------------------------------------- key/value stores
+class KV:
+    """Where a forward keeps keys/values: `extend(layer, k, v)` returns every key/value the new
+    tokens attend to (past + new); `advance(s)` is called once per forward after the last layer."""
+
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def advance(self, s: int) -> None:
+        pass
+
+
+class Collect(KV):
+    """No past; keeps this forward's keys/values, e.g. a prompt's, to become a PrefixKV."""
+
+    def __init__(self):
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+
+    def extend(self, layer, k, v):
+        self.k.append(k)
+        self.v.append(v)
+        return k, v
+
+
+class NoPast(KV):
+    """No past and nothing kept: one forward over whole sequences."""
+
+    def extend(self, layer, k, v):
+        return k, v
+
+
+class PrefixKV(KV):
+    """Keys/values of U prefixes, shared out to N rows (row_N[i] = the prefix of row i); each
+    layer's new keys/values are appended after the row's prefix. Differentiable."""
+
+    def __init__(self, prefix: Collect, row_N: torch.Tensor):
+        self.prefix, self.row_N = prefix, row_N
+
+    def extend(self, layer, k, v):
+        return (torch.cat([self.prefix.k[layer][self.row_N], k], dim=2),
+                torch.cat([self.prefix.v[layer][self.row_N], v], dim=2))
+
+
+class StaticKV(KV):
+    """Preallocated (N, Hkv, capacity, d) buffers per layer, filled left to right (no grad)."""
+
+    def __init__(self, prefix: Collect, row_N: torch.Tensor, capacity: int):
+        k0 = prefix.k[0]
+        n, hkv, p, d = len(row_N), k0.size(1), k0.size(2), k0.size(3)
+        self.k = [k0.new_empty(n, hkv, capacity, d) for _ in prefix.k]
+        self.v = [k0.new_empty(n, hkv, capacity, d) for _ in prefix.v]
+        for buf, src in zip(self.k + self.v, prefix.k + prefix.v):
+            buf[:, :, :p].copy_(src[row_N])
+        self.length = p
+
+    def extend(self, layer, k, v):
+        end = self.length + k.size(2)
+        self.k[layer][:, :, self.length:end] = k
+        self.v[layer][:, :, self.length:end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+    def advance(self, s):
+        self.length += s
+
+
+# ---------------------------------------------------------------------- routes
+class RouteLog:
+    """Per routed layer, the (rows, K) expert ids and (rows, E) router logits of every forward."""
+
+    def __init__(self, num_layers: int, logits: bool = False):
+        self.ids: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
+        self.logits: list[list[torch.Tensor]] | None = [[] for _ in range(num_layers)] if logits else None
+
+
+# ---------------------------------------------------------------------- the forward
+class LeanForward:
+    """The decoder of `model` as tensor ops. `runner(fn)`, when given, runs a whole scoring
+    computation (e.g. inside a DeepSpeed engine's forward, so its backward hooks see the output)."""
+
+    def __init__(self, model: torch.nn.Module, runner=None):
+        self.runner = runner
+        reason = unsupported(model)
+        if reason is not None:
+            raise ValueError(f"{type(model).__name__}: no lean forward ({reason})")
+        self.model = model
+        c = model.config
+        self.qk_norm = FAMILIES[c.model_type]
+        self.num_heads, self.num_kv_heads = c.num_attention_heads, c.num_key_value_heads
+        self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        self.scale = self.head_dim ** -0.5
+        self.eps = c.rms_norm_eps
+        self.top_k = c.num_experts_per_tok
+        self.renorm = bool(getattr(c, "norm_topk_prob", True))
+        self.routed = [i for i, l in enumerate(model.model.layers) if hasattr(l.mlp, "experts")]
+        self.num_layers = len(self.routed)    # routed layers, as RouterReplay counts them
+
+    def run(self, fn):
+        """fn() through the runner (a training forward's whole computation), or plainly."""
+        return fn() if self.runner is None else self.runner(fn)
+
+    # -- pieces ------------------------------------------------------------------------------
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * h.to(x.dtype)
+
+    def _rope(self, pos_NS: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        rotary = self.model.model.rotary_emb
+        freqs = pos_NS[..., None].float() * rotary.inv_freq.float()
+        emb = torch.cat((freqs, freqs), dim=-1)
+        scaling = rotary.attention_scaling
+        return (emb.cos() * scaling).to(dtype)[:, None], (emb.sin() * scaling).to(dtype)[:, None]
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.size(-1) // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    def _attention(self, q_NHSd, k_NKTd, v_NKTd, bias_N1ST):
+        # Query heads grouped by the key/value head they share (transformers' repeat_kv order), so
+        # GQA is two batched matmuls without materialising repeated keys.
+        n, h, s, d = q_NHSd.shape
+        hkv, t = k_NKTd.size(1), k_NKTd.size(2)
+        g = h // hkv
+        att = torch.matmul(q_NHSd.reshape(n, hkv, g * s, d), k_NKTd.transpose(-1, -2)) * self.scale
+        att = att.view(n, hkv, g, s, t) + bias_N1ST[:, :, None]
+        att = torch.softmax(att.float(), dim=-1).to(q_NHSd.dtype)
+        return torch.matmul(att.view(n, hkv, g * s, t), v_NKTd).view(n, h, s, d)
+
+    def _route(self, li: int, mlp, h_TD: torch.Tensor, forced: list[torch.Tensor] | None,
+               log: RouteLog | None, replay) -> torch.Tensor:
+        logits_TE = F.linear(h_TD, mlp.gate.weight)
+        if forced is None:
+            w_TK, ids_TK = ops.topk_gating(logits_TE, self.top_k, self.renorm)
+        else:
+            w_TK, ids_TK = ops.topk_gating(logits_TE, self.top_k, self.renorm, forced[li])
+            if replay is not None:          # how often the router would have chosen otherwise
+                own_TK = ops.topk_gating(logits_TE.detach(), self.top_k, self.renorm)[1]
+                replay.count(li, ids_TK, own_TK)
+        if log is not None:
+            log.ids[li].append(ids_TK.detach())
+            if log.logits is not None:
+                log.logits[li].append(logits_TE)
+        ex = mlp.experts
+        _counts, offsets_E1 = ops.expert_counts(ids_TK, ex.num_experts)
+        xs_PD, pos_TK = ops.permute(h_TD, ids_TK, offsets_E1)
+        ys_PD = expert_mlp(ex, xs_PD, offsets_E1)
+        return ops.unpermute_combine(ys_PD.to(h_TD.dtype), pos_TK, w_TK)
+
+    # -- forward -----------------------------------------------------------------------------
+    def __call__(self, ids_NS: torch.Tensor, pos_NS: torch.Tensor, bias_N1ST: torch.Tensor, kv: KV, *,
+                 logits_from: int | None = None, forced: list[torch.Tensor] | None = None,
+                 log: RouteLog | None = None, replay=None) -> torch.Tensor | None:
+        """Logits (N, S - logits_from, V) of positions logits_from.. (None: no logits).
+
+        bias_N1ST: additive attention bias (0 or -inf) over the T keys kv.extend returns; every
+        query must see at least one key. forced[l]: (N*S, K) expert ids for routed layer l;
+        `replay` (a RouterReplay) then counts how often they differ from the router's own choice.
+        """
+        m = self.model.model
+        n, s = ids_NS.shape
+        x = m.embed_tokens(ids_NS)
+        cos, sin = self._rope(pos_NS, x.dtype)
+        h_, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        li = 0
+        for i, layer in enumerate(m.layers):
+            a = layer.self_attn
+            h = self._rms(x, layer.input_layernorm.weight)
+            q = F.linear(h, a.q_proj.weight).view(n, s, h_, d)
+            k = F.linear(h, a.k_proj.weight).view(n, s, hkv, d)
+            v = F.linear(h, a.v_proj.weight).view(n, s, hkv, d).transpose(1, 2)
+            if self.qk_norm:
+                q, k = self._rms(q, a.q_norm.weight), self._rms(k, a.k_norm.weight)
+            q = self._rotate(q.transpose(1, 2), cos, sin)
+            k = self._rotate(k.transpose(1, 2), cos, sin)
+            k_all, v_all = kv.extend(i, k, v)
+            o = self._attention(q, k_all, v_all, bias_N1ST)
+            x = x + F.linear(o.transpose(1, 2).reshape(n, s, h_ * d), a.o_proj.weight)
+            h = self._rms(x, layer.post_attention_layernorm.weight).view(n * s, -1)
+            mlp = layer.mlp
+            if hasattr(mlp, "experts"):
+                out = self._route(li, mlp, h, forced, log, replay)
+                li += 1
+            else:                                      # a dense layer (Qwen3-MoE mlp_only_layers)
+                out = mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
+            x = x + out.view(n, s, -1)
+        kv.advance(s)
+        if logits_from is None:
+            return None
+        x = self._rms(x[:, logits_from:], m.norm.weight)
+        return F.linear(x, self.model.lm_head.weight)
+
+
+# ---------------------------------------------------------------------- masks
+def prompt_bias(mask_NP: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Causal bias over a left-padded prompt; a padding query sees itself (its output is unused)."""
+    p = mask_NP.size(1)
+    causal = torch.ones(p, p, dtype=torch.bool).tril()
+    see = (causal[None] & mask_NP.bool()[:, None, :]) | torch.eye(p, dtype=torch.bool)[None]
+    return torch.zeros(see.shape, dtype=dtype).masked_fill_(~see, float("-inf"))[:, None]
+
+
+def continuation_bias(mask_NP: torch.Tensor, s: int, dtype: torch.dtype) -> torch.Tensor:
+    """Bias for s new tokens after a left-padded prompt: the prompt's real keys, then causal."""
+    n, p = mask_NP.shape
+    see = torch.cat([mask_NP.bool()[:, None, :].expand(n, s, p),
+                     torch.ones(s, s, dtype=torch.bool).tril()[None].expand(n, s, s)], dim=2)
+    return torch.zeros(see.shape, dtype=dtype).masked_fill_(~see, float("-inf"))[:, None]
+
+
+def positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of a left-padded batch (padding never shifts a row's positions)."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def load_balancing_loss(logits: list[list[torch.Tensor]], weights_T: torch.Tensor, num_experts: int,
+                        top_k: int) -> torch.Tensor:
+    """transformers' `load_balancing_loss_func` (Switch Transformer aux loss) with a weight per
+    routed token instead of a 0/1 mask, so a prompt forwarded once for G rows counts G times.
+
+    logits[l]: layer l's (rows, E) router logits of each forward, concatenated in order; weights_T
+    matches that concatenation. E * sum_e (share of slots to e) * (mean router prob of e).
+    """
+    w = weights_T.float()
+    slots_E = torch.zeros(num_experts, dtype=torch.float32, device=w.device)
+    prob_E = torch.zeros(num_experts, dtype=torch.float32, device=w.device)
+    for chunks in logits:
+        probs_TE = torch.softmax(torch.cat(chunks).float(), dim=-1)
+        _, top_TK = torch.topk(probs_TE, top_k, dim=-1)
+        slots_E = slots_E.scatter_add(0, top_TK.reshape(-1), w.repeat_interleave(top_k))
+        prob_E = prob_E + (probs_TE * w[:, None]).sum(0)
+    total = w.sum() * len(logits)
+    return (slots_E / total * prob_E / total).sum() * num_experts

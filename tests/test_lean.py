@@ -1,0 +1,104 @@
+"""student/lean.py against the transformers forward it replaces: same tokens, log-probs, aux loss,
+gradients and routes, for every family it supports, with and without shared prompts."""
+import random
+
+import pytest
+import torch
+
+from rl.rollout import generate, score, score_shared_prompts
+from student import ByteTokenizer, StudentConfig, build_student
+from student.lean import FAMILIES, LeanForward, unsupported
+from student.router_replay import RouterReplay
+
+TOK = ByteTokenizer()
+
+
+def model_of(arch):
+    torch.manual_seed(0)
+    return build_student(StudentConfig(arch=arch, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                                       num_experts=4, top_k=2, expert_width=32), TOK)
+
+
+def grouped_prompts(groups=3, size=4):
+    rnd = random.Random(0)
+    base = [TOK.render_prompt(f"{rnd.randint(0, 99)} + {rnd.randint(0, 9)}") for _ in range(groups)]
+    return [p for p in base for _ in range(size)]
+
+
+def gen(model, prompts, lean=None, **kw):
+    torch.manual_seed(1)
+    return generate(model, prompts, max_new_tokens=8, eos_id=TOK.eos_id, pad_id=TOK.pad_id, lean=lean, **kw)
+
+
+@pytest.mark.parametrize("arch", sorted(FAMILIES))
+def test_generation_and_routes_equal_transformers(arch):
+    model = model_of(arch).eval()
+    lean, replay, prompts = LeanForward(model), RouterReplay(model), grouped_prompts()
+    with replay.record() as rec:
+        ref = gen(model, prompts)
+    out = gen(model, prompts, lean)
+    assert torch.equal(ref.completion_ids_NC, out.completion_ids_NC)
+    torch.testing.assert_close(ref.logprobs_NC, out.logprobs_NC, atol=1e-5, rtol=0)
+    for a, b in zip(rec.routes(batch_size=len(prompts)), out.routes.per_row()):
+        assert torch.equal(a, b)
+    assert len(out.routes.prompt[0]) == 3                       # each distinct prompt prefilled once
+    assert torch.equal(gen(model, prompts[::4], greedy=True).completion_ids_NC,
+                       gen(model, prompts[::4], lean, greedy=True).completion_ids_NC)
+
+
+@pytest.mark.parametrize("arch", sorted(FAMILIES))
+@pytest.mark.parametrize("shared", [True, False])
+def test_scoring_aux_loss_and_gradients_equal_transformers(arch, shared):
+    model = model_of(arch)
+    prompts = grouped_prompts() if shared else [TOK.render_prompt(f"{i} - 3") for i in range(12)]
+    completion = gen(model.eval(), prompts).completion_ids_NC
+    results = []
+    for lean in (None, LeanForward(model)):
+        model.zero_grad()
+        logp, logp_full, aux = score(model, prompts, completion, pad_id=TOK.pad_id, full=True,
+                                     router_logits=True, lean=lean)
+        (logp.sum() + logp_full.exp().mul(logp_full).sum() + 10 * aux).backward()
+        results.append((logp, logp_full, aux, {n: p.grad.clone() for n, p in model.named_parameters()
+                                               if p.grad is not None}))
+    (a, av, aux_a, ga), (b, bv, aux_b, gb) = results
+    torch.testing.assert_close(a, b, atol=2e-5, rtol=0)
+    torch.testing.assert_close(av, bv, atol=2e-5, rtol=0)
+    torch.testing.assert_close(aux_a, aux_b, atol=1e-6, rtol=1e-6)
+    assert set(ga) == set(gb) and len(ga) > 10                  # every weight, router and embeddings too
+    for name in ga:
+        torch.testing.assert_close(ga[name], gb[name], atol=1e-4, rtol=1e-4, msg=name)
+    torch.testing.assert_close(score_shared_prompts(model, prompts, completion, pad_id=TOK.pad_id)[1],
+                               score_shared_prompts(model, prompts, completion, pad_id=TOK.pad_id,
+                                                    lean=LeanForward(model))[1], atol=2e-5, rtol=0)
+
+
+def test_replayed_routes_force_the_experts_and_count_mismatches():
+    model = model_of("qwen3_moe").eval()
+    lean, replay, prompts = LeanForward(model), RouterReplay(model), grouped_prompts()
+    roll = gen(model, prompts, lean)
+    with replay.replay(roll.routes.per_row()):
+        ref, _, _ = score(model, prompts, roll.completion_ids_NC, pad_id=TOK.pad_id)
+    replay.reset_stats()
+    got, _, _ = score(model, prompts, roll.completion_ids_NC, pad_id=TOK.pad_id, lean=lean, routes=roll.routes,
+                      replay=replay)
+    torch.testing.assert_close(ref, got, atol=2e-5, rtol=0)
+    assert replay.stats()["slots"] > 0 and replay.stats()["mismatched"] == 0
+    # A row slice (a gradient-accumulation micro-batch) gets its own routes.
+    part, _, _ = score(model, prompts[4:10], roll.completion_ids_NC[4:10], pad_id=TOK.pad_id, lean=lean,
+                       routes=roll.routes.select(slice(4, 10)))
+    torch.testing.assert_close(part, got[4:10], atol=1e-6, rtol=0)
+    # Other routes change the result, and the counter sees them.
+    other = roll.routes.select(slice(0, 12))
+    other.completion = [(r + 1) % 4 for r in roll.routes.completion]
+    replay.reset_stats()
+    moved, _, _ = score(model, prompts, roll.completion_ids_NC, pad_id=TOK.pad_id, lean=lean, routes=other,
+                        replay=replay)
+    assert (moved - got).abs().max() > 1e-3 and replay.stats()["mismatched"] > 0
+
+
+@pytest.mark.parametrize("arch", ["qwen2_moe", "olmoe"])
+def test_other_families_say_why_they_need_transformers(arch):
+    model = model_of(arch)
+    assert "model_type" in unsupported(model)
+    with pytest.raises(ValueError, match="no lean forward"):
+        LeanForward(model)
