@@ -12,7 +12,9 @@ def report() -> str:
     for device in ("cpu", "cuda"):
         name, why = ops.backend(device)
         for op in ops.OPS:
-            if op == "grouped_mm":
+            if op == "grouped_mm" and device == "cpu" and name == "cpu-ext":
+                lines.append(f"{device:4s} {op:18s} {name:8s} {why} (experts spread over the threads)")
+            elif op == "grouped_mm":
                 native = "torch grouped_mm" if ops._NATIVE_GROUPED_MM is not None else "per-expert loop"
                 lines.append(f"{device:4s} {op:18s} {native} (fp32/bf16/fp16, 16-byte aligned; else per-expert loop)")
             else:

@@ -91,9 +91,13 @@ def _aligned_16(t: torch.Tensor) -> bool:
 
 
 def grouped_mm(xs_PI: torch.Tensor, w_EIO: torch.Tensor, offsets_E1: torch.Tensor) -> torch.Tensor:
-    """Row group e of xs (offsets_E1[e]:offsets_E1[e+1]) times w_EIO[e]. Uses torch's grouped GEMM
-    where it takes the operands (fp32/bf16/fp16, 16-byte aligned), a per-expert loop otherwise."""
+    """Row group e of xs (offsets_E1[e]:offsets_E1[e+1]) times w_EIO[e]; rows past offsets_E1[-1]
+    give zeros. On the CPU extension: our kernel (blocks of rows spread over the threads). Else
+    torch's grouped GEMM where it takes the operands (fp32/bf16/fp16, 16-byte aligned), a
+    per-expert loop otherwise."""
     xs_PI = xs_PI.to(w_EIO.dtype)
+    if xs_PI.device.type == "cpu" and CPU_EXTENSION_ERROR is None:
+        return torch.ops.hintrl.grouped_mm(xs_PI, w_EIO, offsets_E1)
     if (_NATIVE_GROUPED_MM is not None and w_EIO.dtype in (torch.float32, torch.bfloat16, torch.float16)
             and _aligned_16(xs_PI) and _aligned_16(w_EIO)):
         return _NATIVE_GROUPED_MM(xs_PI, w_EIO, offs=offsets_E1[1:])
@@ -165,6 +169,27 @@ def _register_autograd_and_fakes() -> None:
         return grad_ys, None, grad_w.to(w.dtype)
 
     torch.library.register_autograd(lib + "unpermute_combine", combine_backward, setup_context=combine_setup)
+
+    @torch.library.register_fake(lib + "grouped_mm")
+    def _(x, w, offsets):
+        return x.new_empty(x.size(0), w.size(2))
+
+    @torch.library.register_fake(lib + "grouped_mm_weight_grad")
+    def _(x, grad_out, w, offsets):
+        return torch.empty_like(w)
+
+    def gmm_setup(ctx, inputs, output):
+        x, w, offsets = inputs
+        ctx.save_for_backward(x, w, offsets)
+
+    def gmm_backward(ctx, grad_out):
+        x, w, offsets = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        grad_x = torch.ops.hintrl.grouped_mm(grad_out, w.transpose(1, 2), offsets) if ctx.needs_input_grad[0] else None
+        grad_w = torch.ops.hintrl.grouped_mm_weight_grad(x, grad_out, w, offsets) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_w, None
+
+    torch.library.register_autograd(lib + "grouped_mm", gmm_backward, setup_context=gmm_setup)
 
 
 if CPU_EXTENSION_ERROR is None:

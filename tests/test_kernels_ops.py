@@ -156,19 +156,63 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.hintrl.expert_counts.default, (ids, E, 4), test_utils=tests)
     torch.library.opcheck(torch.ops.hintrl.permute.default, (x, ids, offsets, 1), test_utils=tests)
     torch.library.opcheck(torch.ops.hintrl.unpermute_combine.default, (ys, pos, w), test_utils=tests)
+    xs = torch.randn(T * K, D, generator=g, requires_grad=True)
+    w_EDO = torch.randn(E, D, 3, generator=g, requires_grad=True)
+    _counts, offsets = ops.expert_counts(ids, E)
+    torch.library.opcheck(torch.ops.hintrl.grouped_mm.default, (xs, w_EDO, offsets), test_utils=tests)
 
 
 def test_grouped_mm_matches_loop():
     g = torch.Generator().manual_seed(4)
-    offsets = torch.tensor([0, 3, 3, 10], dtype=torch.int32)
-    for i, o in ((8, 12), (5, 7)):  # native grouped GEMM, and the loop for unaligned strides
-        xs = torch.randn(10, i, generator=g)
+    offsets = torch.tensor([0, 3, 3, 10], dtype=torch.int32)     # an empty expert; rows 10, 11 in none
+    for i, o in ((8, 12), (5, 7)):
+        xs = torch.randn(12, i, generator=g)
         w = torch.randn(3, i, o, generator=g)
-        _close(ops.grouped_mm(xs, w, offsets), ref.grouped_mm_loop(xs, w, offsets), torch.float32)
+        out = ops.grouped_mm(xs, w, offsets)
+        _close(out, ref.grouped_mm_loop(xs, w, offsets), torch.float32)
+        assert out[10:].abs().sum() == 0
         _close(ops.grouped_mm(xs, w.transpose(1, 2).contiguous().transpose(1, 2), offsets),
                ref.grouped_mm_loop(xs, w, offsets), torch.float32)
+        _close(ops.grouped_mm(xs.bfloat16(), w.bfloat16(), offsets).float(),
+               ref.grouped_mm_loop(xs.bfloat16(), w.bfloat16(), offsets).float(), torch.bfloat16)
     _close(ops.grouped_mm(xs.double(), w.double(), offsets), ref.grouped_mm_loop(xs.double(), w.double(), offsets),
            torch.float64)
+
+
+def test_grouped_mm_gradients():
+    g = torch.Generator().manual_seed(5)
+    offsets = torch.tensor([0, 4, 4, 9], dtype=torch.int32)
+    xs = torch.randn(11, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    w_EOI = torch.randn(3, 6, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    # The experts' weights as transformers stores them, (E, out, in), used through a transposed view.
+    assert torch.autograd.gradcheck(lambda a, b: ops.grouped_mm(a, b.transpose(1, 2), offsets), (xs, w_EOI))
+    out = ops.grouped_mm(xs, w_EOI.transpose(1, 2), offsets)
+    grads = torch.autograd.grad(out, (xs, w_EOI), torch.ones_like(out))
+    assert grads[1][1].abs().sum() == 0                          # the empty expert gets no gradient
+    expected = torch.autograd.grad(ref.grouped_mm_loop(xs, w_EOI.transpose(1, 2), offsets), (xs, w_EOI),
+                                   torch.ones_like(out))
+    for a, b in zip(grads, expected):
+        _close(a, b, torch.float64)
+
+
+def test_grouped_mm_does_not_depend_on_thread_count():
+    # Work is split into fixed blocks (experts), never by the thread count: a run resumed with
+    # other threads computes the same numbers.
+    g = torch.Generator().manual_seed(6)
+    offsets = torch.tensor([0, 40, 41, 300, 300, 512], dtype=torch.int32)
+    xs = torch.randn(512, 64, generator=g, requires_grad=True)
+    w = torch.randn(5, 96, 64, generator=g, requires_grad=True)
+    results = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out = ops.grouped_mm(xs, w.transpose(1, 2), offsets)
+            results.append((out, *torch.autograd.grad(out.square().sum(), (xs, w))))
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
 
 
 def test_permute_rejects_offsets_of_other_ids():

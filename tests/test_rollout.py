@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from rl.rollout import generate, left_pad, right_pad, score
+from rl.rollout import _inverse_cdf, generate, left_pad, right_pad, score
 from student import ARCHITECTURES, ByteTokenizer, StudentConfig, build_student
 
 TOK = ByteTokenizer()
@@ -26,6 +26,23 @@ def test_padding_helpers():
     assert ids.tolist() == [[1, 2, 3], [0, 0, 4]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
     ids, mask = right_pad([[1, 2, 3], [4]], pad_id=0)
     assert ids.tolist() == [[1, 2, 3], [4, 0, 0]] and mask.tolist() == [[True] * 3, [True, False, False]]
+
+
+def test_sampler_draws_from_the_distribution():
+    torch.manual_seed(0)
+    probs_V = torch.softmax(torch.randn(50) * 2, -1)
+    probs_V[[0, 7, 49]] = 0.0                        # first, middle and last tokens: never drawn
+    probs_V /= probs_V.sum()
+    n = 200_000
+    draws = _inverse_cdf(probs_V.expand(n, -1).contiguous())
+    freq = torch.bincount(draws, minlength=50).double() / n
+    assert freq[[0, 7, 49]].sum() == 0
+    # each frequency within 5 binomial standard deviations of its probability
+    sd = (probs_V.double() * (1 - probs_V.double()) / n).sqrt()
+    assert ((freq - probs_V.double()).abs() <= 5 * sd + 1e-12).all()
+    one_hot = torch.zeros(3, 50)
+    one_hot[0, 0], one_hot[1, 49], one_hot[2, 21] = 1, 1, 1
+    assert _inverse_cdf(one_hot).tolist() == [0, 49, 21]
 
 
 def test_rollout_logprobs_equal_a_fresh_scoring_pass():

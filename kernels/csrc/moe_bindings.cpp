@@ -11,6 +11,8 @@ TORCH_LIBRARY(hintrl, m) {
   m.def("permute_backward(Tensor grad_x_sorted, Tensor pos) -> Tensor");
   m.def("unpermute_combine(Tensor y_sorted, Tensor pos, Tensor weights) -> Tensor");
   m.def("unpermute_combine_backward(Tensor grad_out, Tensor y_sorted, Tensor pos, Tensor weights) -> (Tensor, Tensor)");
+  m.def("grouped_mm(Tensor x, Tensor w, Tensor offsets) -> Tensor");
+  m.def("grouped_mm_weight_grad(Tensor x, Tensor grad_out, Tensor w, Tensor offsets) -> Tensor");
 }
 
 extern "C" PyObject* PyInit__C(void) {
