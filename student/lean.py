@@ -149,6 +149,15 @@ class LeanForward:
         self.routed = [i for i, l in enumerate(model.model.layers) if hasattr(l.mlp, "experts")]
         self.num_layers = len(self.routed)    # routed layers, as RouterReplay counts them
 
+    def _qkv_weights(self, a) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The stacked q/k/v projection and per-head q/k norm weights of attention module `a`
+        (built per call, a cat, so the weights' gradients come out of it)."""
+        w_qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+        if not self.qk_norm:
+            return w_qkv, None
+        return w_qkv, torch.cat([a.q_norm.weight.expand(self.num_heads, -1),
+                                 a.k_norm.weight.expand(self.num_kv_heads, -1)])
+
     def run(self, fn):
         """fn() through the runner (a training forward's whole computation), or plainly."""
         return fn() if self.runner is None else self.runner(fn)
@@ -164,7 +173,7 @@ class LeanForward:
         freqs = pos_NS[..., None].float() * rotary.inv_freq.float()
         emb = torch.cat((freqs, freqs), dim=-1)
         scaling = rotary.attention_scaling
-        return (emb.cos() * scaling).to(dtype)[:, None], (emb.sin() * scaling).to(dtype)[:, None]
+        return (emb.cos() * scaling).to(dtype)[:, :, None], (emb.sin() * scaling).to(dtype)[:, :, None]
 
     @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -221,13 +230,15 @@ class LeanForward:
         for i, layer in enumerate(m.layers):
             a = layer.self_attn
             h = self._rms(x, layer.input_layernorm.weight)
-            q = F.linear(h, a.q_proj.weight).view(n, s, h_, d)
-            k = F.linear(h, a.k_proj.weight).view(n, s, hkv, d)
-            v = F.linear(h, a.v_proj.weight).view(n, s, hkv, d).transpose(1, 2)
+            # Queries, keys and values in one GEMM; queries and keys normalised and rotated together
+            # (per-head ops, so each element sees the same arithmetic as in separate calls).
+            w_qkv, w_qk_norm = self._qkv_weights(a)
+            qkv = F.linear(h, w_qkv).view(n, s, h_ + 2 * hkv, d)
+            qk, v = qkv[:, :, :h_ + hkv], qkv[:, :, h_ + hkv:].transpose(1, 2)
             if self.qk_norm:
-                q, k = self._rms(q, a.q_norm.weight), self._rms(k, a.k_norm.weight)
-            q = self._rotate(q.transpose(1, 2), cos, sin)
-            k = self._rotate(k.transpose(1, 2), cos, sin)
+                qk = self._rms(qk, w_qk_norm)
+            qk = self._rotate(qk, cos, sin).transpose(1, 2)
+            q, k = qk[:, :h_], qk[:, h_:]
             k_all, v_all = kv.extend(i, k, v)
             o = self._attention(q, k_all, v_all, bias_N1ST)
             x = x + F.linear(o.transpose(1, 2).reshape(n, s, h_ * d), a.o_proj.weight)
