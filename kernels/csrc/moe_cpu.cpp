@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 #include <torch/library.h>
 
 #include <cstring>
@@ -311,8 +312,10 @@ at::Tensor grouped_mm_cpu(const at::Tensor& x_PI, const at::Tensor& w_EIO, const
   at::AutoDispatchBelowAutograd below_autograd;
   if (off[E] < P) out_PO.narrow(0, off[E], P - off[E]).zero_();  // rows of no expert (block padding)
   const auto blocks = row_blocks(off, E);
+  const at::ThreadLocalState caller;  // grad/inference mode: worker threads do not inherit them
   at::parallel_for(0, static_cast<int64_t>(blocks.size()), 1, [&](int64_t b, int64_t e) {
-    at::AutoDispatchBelowAutograd below_autograd;  // per thread: this is the kernel, not a graph node
+    at::ThreadLocalStateGuard same_modes(caller);
+    at::AutoDispatchBelowAutograd below_autograd;  // this is the kernel, not a graph node
     for (int64_t i = b; i < e; ++i) {
       const RowBlock& r = blocks[i];
       auto out = out_PO.narrow(0, r.begin, r.end - r.begin);
@@ -336,7 +339,9 @@ at::Tensor grouped_mm_weight_grad_cpu(const at::Tensor& x_PI, const at::Tensor& 
   const int32_t* off = offsets.data_ptr<int32_t>();
   auto grad_w = at::empty_like(w_EIO);
   const int64_t per_expert = (O + kGemmCols - 1) / kGemmCols, cols = kGemmCols;
+  const at::ThreadLocalState caller;
   at::parallel_for(0, E * per_expert, 1, [&](int64_t b, int64_t e) {
+    at::ThreadLocalStateGuard same_modes(caller);
     at::AutoDispatchBelowAutograd below_autograd;
     for (int64_t task = b; task < e; ++task) {
       const int64_t ex = task / per_expert, c0 = (task % per_expert) * cols, c1 = std::min(O, c0 + cols);
