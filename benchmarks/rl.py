@@ -15,8 +15,13 @@ per-step logging included). Reported: median seconds per step over steps 5-20 (t
 carry warm-up: allocator growth, lazy inits), generated tokens per second over the same steps,
 peak RSS, and for ours the median time of each stage of the step.
 
+Rounds (--rounds, default 2): every contender runs once per round, the order reversed in every
+other round (A B C, C B A, ...), and its figures pool the measured steps of all its runs. A shared
+machine drifts by tens of percent over minutes; a contender run only at the start or only at the
+end of a 6-minute benchmark would carry that drift into the ratios.
+
 Writes benchmarks/results/rl-<device>.{json,md} and the results table in benchmarks/README.md
-when the full workload runs with every contender; a partial run (--steps, --contenders, --tiny)
+when the full workload runs with every contender; a partial run (--steps, --contenders, --rounds, --tiny)
 writes its files into its work folder instead, so quick checks never overwrite the record.
 """
 from __future__ import annotations
@@ -42,6 +47,7 @@ README = ROOT / "benchmarks" / "README.md"
 # beside trl_grpo (checkpointing off, TRL's faster setting and the baseline of the ratios).
 CONTENDERS = ("grpo", "hint_distill", "trl_grpo", "trl_sdpo", "trl_grpo_gc")
 FIRST_MEASURED_STEP = 5
+ROUNDS = 2
 # Our stages, in step order, as the trainer logs them (rl/trainer.py `rl_step`, `_accumulate`).
 STAGES = {"generation": "time/rollout_s", "verification": "time/verify_s", "teacher": "time/teacher_s",
           "hinted scoring": "time/hinted_scoring_s", "forward + loss": "time/forward_s",
@@ -161,18 +167,18 @@ def child_main(name: str, w: Workload, init_dir: str, out_dir: Path) -> None:
 
 
 # ---------------------------------------------------------------------- parent side
-def run_contender(name: str, w_path: Path, init_dir: Path, work: Path, steps: int) -> dict:
+def run_contender(name: str, w_path: Path, init_dir: Path, work: Path, steps: int, round_: int = 1) -> dict:
     """Runs one contender in a fresh process, showing its steps as they finish."""
     from tqdm import tqdm
 
     env = dict(os.environ, OMP_NUM_THREADS=str(json.loads(w_path.read_text())["threads"]),
                DS_ACCELERATOR="cpu", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
-    log = work / f"{name}.log"
+    log = work / f"{name}-round{round_}.log"
     cmd = [sys.executable, "-m", "benchmarks.rl", "--child", name, "--workload", str(w_path),
-           "--init", str(init_dir), "--work", str(work)]
+           "--init", str(init_dir), "--work", str(work / f"round{round_}")]
     load_before = os.getloadavg()[0]
     result = None
-    with open(log, "w") as err, tqdm(total=steps, desc=f"{name:>12}", unit="step", leave=True,
+    with open(log, "w") as err, tqdm(total=steps, desc=f"{name:>12} r{round_}", unit="step", leave=True,
                                      dynamic_ncols=True) as bar:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
         for line in proc.stdout:
@@ -188,22 +194,35 @@ def run_contender(name: str, w_path: Path, init_dir: Path, work: Path, steps: in
         print(f"[{name}] failed (exit {proc.returncode}); log {log}:\n{tail}", file=sys.stderr)
         return {"contender": name, "error": tail[-800:]}
     result.update(contender=name, load_avg_1min_before=load_before, load_avg_1min_after=os.getloadavg()[0])
-    return summarise(result)
+    return result
 
 
-def summarise(r: dict) -> dict:
-    """Median step time and tokens/s over steps 5..N (all steps when a quick check runs fewer)."""
-    first = FIRST_MEASURED_STEP - 1 if len(r["step_s"]) >= FIRST_MEASURED_STEP else 0
-    step_s, tokens = r["step_s"][first:], r["tokens"][first:]
-    r["measured_steps"] = [first + 1, len(r["step_s"])]
-    r["median_step_s"] = statistics.median(step_s)
-    r["median_cpu_s"] = statistics.median(r["cpu_s"][first:])
-    r["tokens_per_s"] = sum(tokens) / sum(step_s)
-    r["tokens_per_step"] = sum(tokens) / len(tokens)
-    if "stages" in r:
-        r["median_stage_s"] = {label: statistics.median(r["stages"][key][first:])
-                               for label, key in STAGES.items()}
-    return r
+def summarise(runs: list[dict]) -> dict:
+    """One contender's figures over its runs (one per round): median step time, CPU time and
+    stages over the pooled steps 5..N of every run (all steps when a quick check runs fewer),
+    tokens/s over the same steps, the highest peak RSS. `runs` keeps each run's own record."""
+    failed = [r for r in runs if "error" in r]
+    if failed:
+        return {"contender": runs[0]["contender"], "error": failed[0]["error"], "runs": runs}
+    steps = len(runs[0]["step_s"])
+    first = FIRST_MEASURED_STEP - 1 if steps >= FIRST_MEASURED_STEP else 0
+
+    def pooled(get):
+        return [x for r in runs for x in get(r)[first:]]
+
+    step_s, tokens = pooled(lambda r: r["step_s"]), pooled(lambda r: r["tokens"])
+    out = {k: v for k, v in runs[0].items() if not isinstance(v, (list, dict))}   # settings, versions
+    out.update(rounds=len(runs), measured_steps=[first + 1, steps], step_s=step_s, runs=runs,
+               median_step_s=statistics.median(step_s),
+               median_cpu_s=statistics.median(pooled(lambda r: r["cpu_s"])),
+               tokens_per_s=sum(tokens) / sum(step_s), tokens_per_step=sum(tokens) / len(tokens),
+               peak_rss_mib=max(r["peak_rss_mib"] for r in runs),
+               load_avg_1min_before=runs[0]["load_avg_1min_before"],
+               load_avg_1min_after=runs[-1]["load_avg_1min_after"])
+    if "stages" in runs[0]:
+        out["median_stage_s"] = {label: statistics.median(pooled(lambda r, k=key: r["stages"][k]))
+                                 for label, key in STAGES.items()}
+    return out
 
 
 def versions() -> dict:
@@ -239,7 +258,8 @@ def markdown(meta: dict, rows: dict) -> str:
     lines = [f"Workload: Qwen3-MoE {meta['params_m']:.2f}M params (hidden {w['hidden_size']}, {w['num_layers']} "
              f"layers, {w['num_experts']} experts top-{w['top_k']}, width {w['expert_width']}, fp32), "
              f"{w['prompts']} prompts x {w['samples']} samples, <= {w['max_new_tokens']} new tokens, "
-             f"{w['steps']} steps, {w['threads']} threads, {meta['device']}. torch {v['torch']}, "
+             f"{w['steps']} steps x {meta.get('rounds', 1)} rounds per contender (order reversed every other round), "
+             f"{w['threads']} threads, {meta['device']}. torch {v['torch']}, "
              f"transformers {v['transformers']}, deepspeed {v['deepspeed']}, trl {v['trl']}. "
              f"Load average (1 min) {meta['load_avg_1min_start']:.2f} at start, "
              f"{meta['load_avg_1min_end']:.2f} at end.", "",
@@ -278,6 +298,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--contenders", default=",".join(CONTENDERS), help=f"comma list of {', '.join(CONTENDERS)}")
     p.add_argument("--steps", type=int, default=Workload.steps, help="optimizer steps per contender")
+    p.add_argument("--rounds", type=int, default=ROUNDS,
+                   help="runs per contender, the order reversed every other round (figures pool them)")
     p.add_argument("--tiny", action="store_true", help="seconds-long model and batch (harness checks only)")
     p.add_argument("--work", default=None, help="work folder (default: a new temporary one)")
     p.add_argument("--child", choices=CONTENDERS, help=argparse.SUPPRESS)
@@ -306,16 +328,22 @@ def main() -> None:
             "timing": f"median wall seconds per optimizer step over steps {FIRST_MEASURED_STEP}-{w.steps}; "
                       "tokens/s = generated tokens / wall time over the same steps; CPU s/step = process CPU "
                       "time (all threads) per step, median; peak RSS = ru_maxrss of the contender's own process"}
-    rows = {}
-    for name in names:
-        if name.startswith("trl_") and meta["versions"]["trl"] is None:
-            print(f"[{name}] skipped: trl is not installed (pip install -e '.[bench]')", file=sys.stderr)
-            rows[name] = {"contender": name, "error": "trl not installed"}
-            continue
-        rows[name] = run_contender(name, w_path, init_dir, work, w.steps)
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
+    meta["rounds"] = args.rounds
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for k in range(args.rounds):
+        for name in (names if k % 2 == 0 else names[::-1]):
+            if name.startswith("trl_") and meta["versions"]["trl"] is None:
+                if k == 0:
+                    print(f"[{name}] skipped: trl is not installed (pip install -e '.[bench]')", file=sys.stderr)
+                runs[name].append({"contender": name, "error": "trl not installed"})
+                continue
+            runs[name].append(run_contender(name, w_path, init_dir, work, w.steps, round_=k + 1))
+    rows = {name: summarise(runs[name]) for name in names}
     meta["load_avg_1min_end"] = os.getloadavg()[0]
     meta["targets"] = targets(rows)
-    full = not args.tiny and w.steps == Workload.steps and names == list(CONTENDERS)
+    full = not args.tiny and w.steps == Workload.steps and names == list(CONTENDERS) and args.rounds == ROUNDS
     out_dir = RESULTS if full else work
     out_dir.mkdir(parents=True, exist_ok=True)
     data = {"meta": meta, "contenders": [rows[n] for n in names]}

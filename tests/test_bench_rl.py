@@ -16,10 +16,10 @@ from conftest import ROOT
 HAS_TRL = importlib.util.find_spec("trl") is not None
 
 
-def run_bench(work, contenders, steps=2):
+def run_bench(work, contenders, steps=2, rounds=1):
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
     res = subprocess.run([sys.executable, "-m", "benchmarks.rl", "--tiny", "--steps", str(steps),
-                          "--contenders", contenders, "--work", str(work)],
+                          "--rounds", str(rounds), "--contenders", contenders, "--work", str(work)],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads((work / "rl-cpu.json").read_text())
@@ -28,12 +28,14 @@ def run_bench(work, contenders, steps=2):
 def test_our_contenders_report_positive_figures_and_stage_split(tmp_path):
     record = (ROOT / "benchmarks/results/rl-cpu.json")
     before = record.stat().st_mtime if record.exists() else None
-    data = run_bench(tmp_path, "grpo,hint_distill")
+    data = run_bench(tmp_path, "grpo,hint_distill", rounds=2)
     rows = {r["contender"]: r for r in data["contenders"]}
     assert set(rows) == {"grpo", "hint_distill"}
     for name, r in rows.items():
         assert "error" not in r, r.get("error")
-        assert len(r["step_s"]) == 2 and all(t > 0 for t in r["step_s"])
+        # two rounds, the second in reverse order; figures pool both runs' steps
+        assert r["rounds"] == 2 and [len(run["step_s"]) for run in r["runs"]] == [2, 2]
+        assert r["step_s"] == r["runs"][0]["step_s"] + r["runs"][1]["step_s"] and all(t > 0 for t in r["step_s"])
         assert r["median_step_s"] > 0 and r["median_cpu_s"] > 0 and r["tokens_per_s"] > 0
         assert r["peak_rss_mib"] > 100
         stages = r["median_stage_s"]
@@ -43,7 +45,11 @@ def test_our_contenders_report_positive_figures_and_stage_split(tmp_path):
     assert rows["grpo"]["median_stage_s"]["hinted scoring"] == 0.0      # grpo asks no teacher
     assert rows["hint_distill"]["threads"] == 1
     meta = data["meta"]
-    assert meta["workload"]["steps"] == 2 and meta["load_avg_1min_start"] >= 0
+    assert meta["workload"]["steps"] == 2 and meta["rounds"] == 2 and meta["load_avg_1min_start"] >= 0
+    logs = sorted(p.name for p in tmp_path.glob("*.log"))
+    assert logs == ["grpo-round1.log", "grpo-round2.log", "hint_distill-round1.log", "hint_distill-round2.log"]
+    done = {p.stem: p.stat().st_mtime for p in tmp_path.glob("*.log")}   # each log is closed when its run ends
+    assert done["grpo-round1"] < done["hint_distill-round1"] < done["hint_distill-round2"] < done["grpo-round2"]
     assert "hint_distill_step_vs_grpo" in meta["targets"]
     assert (tmp_path / "rl-cpu.md").read_text().count("| grpo |") == 1
     # a partial run never overwrites the recorded results
