@@ -110,7 +110,7 @@ def generate(model, prompt_ids: list[list[int]], *, max_new_tokens: int, eos_id:
     With `lean` (a LeanForward over `model`): each distinct prompt is prefilled once, decoding
     runs on a preallocated KV cache, and the routes are returned in `Rollout.routes`."""
     if lean is not None:
-        with torch.inference_mode():
+        with torch.inference_mode(), lean.frozen():
             roll = _lean_generate(lean, prompt_ids, max_new_tokens, eos_id, pad_id, temperature, greedy)
         return _usable_outside(roll)
     ids_NP, mask_NP = left_pad(prompt_ids, pad_id)
