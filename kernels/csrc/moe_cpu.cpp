@@ -269,11 +269,12 @@ std::tuple<at::Tensor, at::Tensor> unpermute_combine_backward_cpu(const at::Tens
   return {gys_PD, gw_TK};
 }
 
-// Grouped GEMM, CPU: one BLAS call per (expert, block of rows), the blocks spread over the threads.
+// Grouped GEMM, CPU: one BLAS call per expert, the experts spread over the threads.
 // Why not torch's grouped GEMM: it runs the experts one after another and lets BLAS thread each
 // small product, which at RL decode shapes (~16 rows per expert) leaves the other cores idle.
-// Here each task is single-threaded (BLAS inside an OpenMP region runs serially) and the tasks
-// are the parallelism.
+// Here each call is single-threaded (BLAS inside an OpenMP region runs serially) and the experts
+// are the parallelism. The split is per expert, never by the thread count, so results do not
+// depend on it: every output element is the same dot product whichever thread computes it.
 void check_grouped(const at::Tensor& x_PI, const at::Tensor& offsets_E1, int64_t E, const char* what) {
   check_cpu(x_PI, what);
   TORCH_CHECK(x_PI.dim() == 2, what, ": x must be (P, I), got ", x_PI.sizes());
@@ -283,20 +284,6 @@ void check_grouped(const at::Tensor& x_PI, const at::Tensor& offsets_E1, int64_t
   TORCH_CHECK(off[0] == 0 && off[E] <= x_PI.size(0), what, ": offsets must run from 0 to at most P = ",
               x_PI.size(0), ", got ", off[0], "..", off[E]);
   for (int64_t e = 0; e < E; ++e) TORCH_CHECK(off[e + 1] >= off[e], what, ": offsets must not decrease");
-}
-
-// Fixed block sizes (not derived from the thread count), so results do not depend on it: every
-// output element is one dot product over the same inputs whichever thread computes it.
-constexpr int64_t kGemmRows = 1 << 30, kGemmCols = 1 << 30;
-
-struct RowBlock { int64_t expert, begin, end; };
-
-std::vector<RowBlock> row_blocks(const int32_t* off, int64_t E) {
-  std::vector<RowBlock> blocks;
-  for (int64_t e = 0; e < E; ++e)
-    for (int64_t r = off[e]; r < off[e + 1]; r += kGemmRows)
-      blocks.push_back({e, r, std::min<int64_t>(r + kGemmRows, off[e + 1])});
-  return blocks;
 }
 
 at::Tensor grouped_mm_cpu(const at::Tensor& x_PI, const at::Tensor& w_EIO, const at::Tensor& offsets_E1) {
@@ -309,25 +296,24 @@ at::Tensor grouped_mm_cpu(const at::Tensor& x_PI, const at::Tensor& w_EIO, const
   check_grouped(x_PI, offsets, E, "grouped_mm");
   const int32_t* off = offsets.data_ptr<int32_t>();
   auto out_PO = at::empty({P, O}, x_PI.options());
-  at::AutoDispatchBelowAutograd below_autograd;
+  at::AutoDispatchBelowAutograd below_autograd;  // this is the kernel, not a graph node
   if (off[E] < P) out_PO.narrow(0, off[E], P - off[E]).zero_();  // rows of no expert (block padding)
-  const auto blocks = row_blocks(off, E);
   const at::ThreadLocalState caller;  // grad/inference mode: worker threads do not inherit them
-  at::parallel_for(0, static_cast<int64_t>(blocks.size()), 1, [&](int64_t b, int64_t e) {
+  at::parallel_for(0, E, 1, [&](int64_t b, int64_t e) {
     at::ThreadLocalStateGuard same_modes(caller);
-    at::AutoDispatchBelowAutograd below_autograd;  // this is the kernel, not a graph node
-    for (int64_t i = b; i < e; ++i) {
-      const RowBlock& r = blocks[i];
-      auto out = out_PO.narrow(0, r.begin, r.end - r.begin);
-      at::mm_out(out, x_PI.narrow(0, r.begin, r.end - r.begin), w_EIO.select(0, r.expert));
+    at::AutoDispatchBelowAutograd below_autograd;
+    for (int64_t ex = b; ex < e; ++ex) {
+      const int64_t r0 = off[ex], n = off[ex + 1] - off[ex];
+      if (n == 0) continue;
+      auto out = out_PO.narrow(0, r0, n);
+      at::mm_out(out, x_PI.narrow(0, r0, n), w_EIO.select(0, ex));
     }
   });
   return out_PO;
 }
 
 // grad_w[e] = x_e^T grad_out_e, laid out like w (a transposed weight view gets a transposed
-// gradient, so the parameter's .grad needs no copy). Tasks: (expert, block of output columns),
-// each a whole reduction over the expert's rows.
+// gradient, so the parameter's .grad needs no copy); an expert with no rows gets zeros.
 at::Tensor grouped_mm_weight_grad_cpu(const at::Tensor& x_PI, const at::Tensor& grad_PO, const at::Tensor& w_EIO,
                                       const at::Tensor& offsets_E1) {
   const int64_t E = w_EIO.size(0), I = x_PI.size(1), O = grad_PO.size(1);
@@ -338,18 +324,16 @@ at::Tensor grouped_mm_weight_grad_cpu(const at::Tensor& x_PI, const at::Tensor& 
   check_grouped(x_PI, offsets, E, "grouped_mm_weight_grad");
   const int32_t* off = offsets.data_ptr<int32_t>();
   auto grad_w = at::empty_like(w_EIO);
-  const int64_t per_expert = (O + kGemmCols - 1) / kGemmCols, cols = kGemmCols;
+  at::AutoDispatchBelowAutograd below_autograd;
   const at::ThreadLocalState caller;
-  at::parallel_for(0, E * per_expert, 1, [&](int64_t b, int64_t e) {
+  at::parallel_for(0, E, 1, [&](int64_t b, int64_t e) {
     at::ThreadLocalStateGuard same_modes(caller);
     at::AutoDispatchBelowAutograd below_autograd;
-    for (int64_t task = b; task < e; ++task) {
-      const int64_t ex = task / per_expert, c0 = (task % per_expert) * cols, c1 = std::min(O, c0 + cols);
-      if (c0 >= c1) continue;
-      auto out = grad_w.select(0, ex).narrow(1, c0, c1 - c0);
-      if (off[ex + 1] == off[ex]) { out.zero_(); continue; }
+    for (int64_t ex = b; ex < e; ++ex) {
+      auto out = grad_w.select(0, ex);
       const int64_t r0 = off[ex], n = off[ex + 1] - off[ex];
-      at::mm_out(out, x_PI.narrow(0, r0, n).t(), grad_PO.narrow(0, r0, n).narrow(1, c0, c1 - c0));
+      if (n == 0) { out.zero_(); continue; }
+      at::mm_out(out, x_PI.narrow(0, r0, n).t(), grad_PO.narrow(0, r0, n));
     }
   });
   return grad_w;
