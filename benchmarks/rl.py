@@ -18,7 +18,7 @@ peak RSS, and for ours the median time of each stage of the step.
 Rounds (--rounds, default 2): every contender runs once per round, the order reversed in every
 other round (A B C, C B A, ...), and its figures pool the measured steps of all its runs. A shared
 machine drifts by tens of percent over minutes; a contender run only at the start or only at the
-end of a 6-minute benchmark would carry that drift into the ratios.
+end of a several-minute benchmark would carry that drift into the ratios.
 
 Writes benchmarks/results/rl-<device>.{json,md} and the results table in benchmarks/README.md
 when the full workload runs with every contender; a partial run (--steps, --contenders, --rounds, --tiny)
@@ -310,6 +310,8 @@ def main() -> None:
         w = Workload(**json.loads(Path(args.workload).read_text()))
         return child_main(args.child, w, args.init, Path(args.work))
 
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
     names = [n.strip() for n in args.contenders.split(",") if n.strip()]
     unknown = set(names) - set(CONTENDERS)
     if unknown:
@@ -328,8 +330,6 @@ def main() -> None:
             "timing": f"median wall seconds per optimizer step over steps {FIRST_MEASURED_STEP}-{w.steps}; "
                       "tokens/s = generated tokens / wall time over the same steps; CPU s/step = process CPU "
                       "time (all threads) per step, median; peak RSS = ru_maxrss of the contender's own process"}
-    if args.rounds < 1:
-        raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
     meta["rounds"] = args.rounds
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for k in range(args.rounds):
