@@ -212,7 +212,7 @@ def summarise(runs: list[dict]) -> dict:
 
     step_s, tokens = pooled(lambda r: r["step_s"]), pooled(lambda r: r["tokens"])
     out = {k: v for k, v in runs[0].items() if not isinstance(v, (list, dict))}   # settings, versions
-    out.update(rounds=len(runs), measured_steps=[first + 1, steps], step_s=step_s, runs=runs,
+    out.update(rounds=len(runs), measured_steps=[first + 1, steps], runs=runs,
                median_step_s=statistics.median(step_s),
                median_cpu_s=statistics.median(pooled(lambda r: r["cpu_s"])),
                tokens_per_s=sum(tokens) / sum(step_s), tokens_per_step=sum(tokens) / len(tokens),

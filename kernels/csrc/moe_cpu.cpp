@@ -275,8 +275,11 @@ std::tuple<at::Tensor, at::Tensor> unpermute_combine_backward_cpu(const at::Tens
 // Here each call is single-threaded (BLAS inside an OpenMP region runs serially) and the experts
 // are the parallelism. The split is per expert, never by the thread count, so results do not
 // depend on it: every output element is the same dot product whichever thread computes it.
-void check_grouped(const at::Tensor& x_PI, const at::Tensor& offsets_E1, int64_t E, const char* what) {
+void check_grouped(const at::Tensor& x_PI, const at::Tensor& w_EIO, const at::Tensor& offsets_E1, int64_t E,
+                   const char* what) {
   check_cpu(x_PI, what);
+  check_cpu(w_EIO, what);
+  check_cpu(offsets_E1, what);  // read on the host below
   TORCH_CHECK(x_PI.dim() == 2, what, ": x must be (P, I), got ", x_PI.sizes());
   TORCH_CHECK(offsets_E1.dim() == 1 && offsets_E1.scalar_type() == at::kInt && offsets_E1.size(0) == E + 1,
               what, ": offsets must be int32 of shape (E+1,) = (", E + 1, ",), got ", offsets_E1.sizes());
@@ -293,7 +296,7 @@ at::Tensor grouped_mm_cpu(const at::Tensor& x_PI, const at::Tensor& w_EIO, const
               w_EIO.scalar_type());
   const int64_t E = w_EIO.size(0), P = x_PI.size(0), O = w_EIO.size(2);
   at::Tensor offsets = offsets_E1.contiguous();
-  check_grouped(x_PI, offsets, E, "grouped_mm");
+  check_grouped(x_PI, w_EIO, offsets, E, "grouped_mm");
   const int32_t* off = offsets.data_ptr<int32_t>();
   auto out_PO = at::empty({P, O}, x_PI.options());
   at::AutoDispatchBelowAutograd below_autograd;  // this is the kernel, not a graph node
@@ -321,7 +324,7 @@ at::Tensor grouped_mm_weight_grad_cpu(const at::Tensor& x_PI, const at::Tensor& 
               "grouped_mm_weight_grad: x ", x_PI.sizes(), ", grad ", grad_PO.sizes(), " and w ", w_EIO.sizes(),
               " do not fit");
   at::Tensor offsets = offsets_E1.contiguous();
-  check_grouped(x_PI, offsets, E, "grouped_mm_weight_grad");
+  check_grouped(x_PI, w_EIO, offsets, E, "grouped_mm_weight_grad");
   const int32_t* off = offsets.data_ptr<int32_t>();
   auto grad_w = at::empty_like(w_EIO);
   at::AutoDispatchBelowAutograd below_autograd;
