@@ -139,4 +139,9 @@ def build_engine(build_model: Callable[[], torch.nn.Module], cfg):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_at(step, cfg))
     engine, optimizer, _, scheduler = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+    if cfg.deepspeed.zero_stage == 0 and torch.distributed.get_world_size() == 1:
+        # Nothing to reduce, yet DeepSpeed would flatten every gradient into one buffer, all-reduce
+        # it over the one rank and copy it back: ~2 ms of the RL benchmark's 70 ms backward.
+        # (ZeRO-1/2 keep it: their reduction also moves gradients into the optimizer's partitions.)
+        engine.enable_backward_allreduce = False
     return engine, optimizer, scheduler
