@@ -20,7 +20,7 @@ def _kernel_extensions():
         return [], {}
     csrc = os.path.join("kernels", "csrc")
     cxx = ["-O3", "-std=c++20"]
-    exts = [CppExtension("kernels._C", [os.path.join(csrc, f) for f in ("moe_bindings.cpp", "moe_cpu.cpp")],
+    exts = [CppExtension("kernels._C", [os.path.join(csrc, f) for f in ("moe_bindings.cpp", "moe_cpu.cpp", "attention_cpu.cpp")],
                          extra_compile_args={"cxx": cxx + ["-fopenmp"]}, extra_link_args=["-fopenmp"])]
     cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     nvcc = os.path.join(cuda_home, "bin", "nvcc") if cuda_home else shutil.which("nvcc")

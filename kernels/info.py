@@ -1,4 +1,4 @@
-"""`python -m kernels.info`: which backend each routing op runs on, per device, and why."""
+"""`python -m kernels.info`: which backend each op runs on, per device, and why."""
 from __future__ import annotations
 
 import torch
@@ -19,6 +19,8 @@ def report() -> str:
                 lines.append(f"{device:4s} {op:18s} {native} (fp32/bf16/fp16, 16-byte aligned; else per-expert loop)")
             else:
                 lines.append(f"{device:4s} {op:18s} {name:8s} {why}")
+        fused = "cpu-ext  fp32 without autograd (decoding); else torch" if name == "cpu-ext" else f"torch    {why}"
+        lines.append(f"{device:4s} {'decode_attention':18s} {fused if device == 'cpu' else 'torch    CPU-only kernel'}")
     return "\n".join(lines)
 
 

@@ -104,6 +104,21 @@ def grouped_mm(xs_PI: torch.Tensor, w_EIO: torch.Tensor, offsets_E1: torch.Tenso
     return reference.grouped_mm_loop(xs_PI, w_EIO, offsets_E1)
 
 
+def decode_attention(qkv_NJd: torch.Tensor, norm_w: torch.Tensor | None, cos_Nd: torch.Tensor, sin_Nd: torch.Tensor,
+                     k_cache: torch.Tensor, v_cache: torch.Tensor, length: int, bias_NT: torch.Tensor,
+                     scale: float, eps: float) -> torch.Tensor:
+    """Decode attention, fused (writes the new key/value into the caches); see
+    reference.decode_attention. Our kernel serves fp32 on the CPU without autograd (decoding);
+    anything else takes the reference."""
+    args = (qkv_NJd, norm_w, cos_Nd, sin_Nd, k_cache, v_cache, length, bias_NT, scale, eps)
+    tensors = [t for t in args if isinstance(t, torch.Tensor)]
+    if (qkv_NJd.device.type != "cpu" or CPU_EXTENSION_ERROR is not None
+            or any(t.dtype != torch.float32 for t in tensors)
+            or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))):
+        return reference.decode_attention(*args)
+    return torch.ops.hintrl.decode_attention(*args)
+
+
 def _register_autograd_and_fakes() -> None:
     lib = "hintrl::"
 
@@ -173,6 +188,10 @@ def _register_autograd_and_fakes() -> None:
     @torch.library.register_fake(lib + "grouped_mm")
     def _(x, w, offsets):
         return x.new_empty(x.size(0), w.size(2))
+
+    @torch.library.register_fake(lib + "decode_attention")
+    def _(qkv, norm_w, cos, sin, k_cache, v_cache, length, bias, scale, eps):
+        return qkv.new_empty(qkv.size(0), (qkv.size(1) - 2 * k_cache.size(1)) * qkv.size(2))
 
     @torch.library.register_fake(lib + "grouped_mm_weight_grad")
     def _(x, grad_out, w, offsets):

@@ -95,3 +95,30 @@ def grouped_mm_loop(xs_PI: torch.Tensor, w_EIO: torch.Tensor, offsets_E1: torch.
     tail = xs_PI.size(0) - bounds[-1]
     parts.append(xs_PI.new_zeros(tail, w_EIO.size(2)))
     return torch.cat(parts)
+
+
+def decode_attention(qkv_NJd: torch.Tensor, norm_w: torch.Tensor | None, cos_Nd: torch.Tensor, sin_Nd: torch.Tensor,
+                     k_cache: torch.Tensor, v_cache: torch.Tensor, length: int, bias_NT: torch.Tensor,
+                     scale: float, eps: float) -> torch.Tensor:
+    """Attention of one new token per row, as a decoder layer computes it after its q/k/v projection.
+
+    qkv_NJd: (N, H + 2 Hkv, d) projected heads: H query, Hkv key, Hkv value heads. Queries and keys
+    are RMS-normalised per head when `norm_w` (H + Hkv, d) is given (Qwen3), then rotated by
+    (cos_Nd, sin_Nd); the new key/value are written into k_cache/v_cache (N, Hkv, capacity, d) at
+    `length`; query head i attends over the row's length+1 cached keys of key/value head
+    i // (H / Hkv), scores x scale + bias_NT (N, length+1; 0 or -inf). Returns (N, H*d)."""
+    n, j, d = qkv_NJd.shape
+    hkv = k_cache.size(1)
+    h = j - 2 * hkv
+    qk, v = qkv_NJd[:, :h + hkv], qkv_NJd[:, h + hkv:]
+    if norm_w is not None:
+        f = qk.float()
+        qk = norm_w * (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps)).to(qk.dtype)
+    half = d // 2
+    qk = qk * cos_Nd[:, None] + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin_Nd[:, None]
+    k_cache[:, :, length] = qk[:, h:]
+    v_cache[:, :, length] = v
+    keys, values = k_cache[:, :, :length + 1], v_cache[:, :, :length + 1]
+    att = torch.matmul(qk[:, :h].reshape(n, hkv, h // hkv, d), keys.transpose(-1, -2)) * scale
+    att = torch.softmax((att + bias_NT[:, None, None]).float(), dim=-1).to(qkv_NJd.dtype)
+    return torch.matmul(att, values).reshape(n, h * d)

@@ -244,6 +244,10 @@ class LeanForward:
         x = m.embed_tokens(ids_NS)
         cos, sin = self._rope(pos_NS, x.dtype)
         h_, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        # One new token per row on a preallocated cache: the fused decode attention, which also
+        # writes the token's key/value (a few ops instead of ~120 per layer, whose dispatch cost
+        # dominated decoding at RL shapes).
+        decoding = isinstance(kv, StaticKV) and s == 1
         li = 0
         for i, layer in enumerate(m.layers):
             a = layer.self_attn
@@ -252,14 +256,18 @@ class LeanForward:
             # (per-head ops, so each element sees the same arithmetic as in separate calls).
             w_qkv, w_qk_norm = self._qkv_weights(a)
             qkv = F.linear(h, w_qkv).view(n, s, h_ + 2 * hkv, d)
-            qk, v = qkv[:, :, :h_ + hkv], qkv[:, :, h_ + hkv:].transpose(1, 2)
-            if self.qk_norm:
-                qk = self._rms(qk, w_qk_norm)
-            qk = self._rotate(qk, cos, sin).transpose(1, 2)
-            q, k = qk[:, :h_], qk[:, h_:]
-            k_all, v_all = kv.extend(i, k, v)
-            o = self._attention(q, k_all, v_all, bias_N1ST)
-            x = x + F.linear(o.transpose(1, 2).reshape(n, s, h_ * d), a.o_proj.weight)
+            if decoding:         # one op from projection to attention output (kernels.ops.decode_attention)
+                o = ops.decode_attention(qkv.view(n, -1, d), w_qk_norm, cos.view(n, d), sin.view(n, d), kv.k[i],
+                                         kv.v[i], kv.length, bias_N1ST.reshape(n, -1), self.scale, self.eps)
+            else:
+                qk, v = qkv[:, :, :h_ + hkv], qkv[:, :, h_ + hkv:].transpose(1, 2)
+                if self.qk_norm:
+                    qk = self._rms(qk, w_qk_norm)
+                qk = self._rotate(qk, cos, sin).transpose(1, 2)
+                q, k = qk[:, :h_], qk[:, h_:]
+                k_all, v_all = kv.extend(i, k, v)
+                o = self._attention(q, k_all, v_all, bias_N1ST).transpose(1, 2)
+            x = x + F.linear(o.reshape(n, s, h_ * d), a.o_proj.weight)
             h = self._rms(x, layer.post_attention_layernorm.weight).view(n * s, -1)
             mlp = layer.mlp
             if hasattr(mlp, "experts"):

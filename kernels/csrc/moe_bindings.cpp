@@ -1,5 +1,6 @@
 // Schemas of the hintrl routing ops and the Python module stub of the CPU extension (kernels._C).
-// Implementations register per backend: moe_cpu.cpp (CPU), moe_cuda_ops.cpp (CUDA, kernels._cuda).
+// Implementations register per backend: moe_cpu.cpp and attention_cpu.cpp (CPU), moe_cuda_ops.cpp (CUDA,
+// kernels._cuda).
 #include <Python.h>
 #include <torch/library.h>
 
@@ -13,6 +14,9 @@ TORCH_LIBRARY(hintrl, m) {
   m.def("unpermute_combine_backward(Tensor grad_out, Tensor y_sorted, Tensor pos, Tensor weights) -> (Tensor, Tensor)");
   m.def("grouped_mm(Tensor x, Tensor w, Tensor offsets) -> Tensor");
   m.def("grouped_mm_weight_grad(Tensor x, Tensor grad_out, Tensor w, Tensor offsets) -> Tensor");
+  // Fused decode attention (attention_cpu.cpp, CPU only): writes the new key/value into the caches.
+  m.def("decode_attention(Tensor qkv, Tensor? norm_weight, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
+        "Tensor(b!) v_cache, int length, Tensor bias, float scale, float eps) -> Tensor");
 }
 
 extern "C" PyObject* PyInit__C(void) {
