@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from student.lean import (Collect, LeanForward, NoPast, PrefixKV, RouteLog, StaticKV, continuation_bias,
+from student.lean import (Collect, LeanForward, NoPast, RouteLog, SharedPrefix, StaticKV, continuation_bias,
                           load_balancing_loss, prompt_bias)
 
 
@@ -240,16 +240,16 @@ def _lean_score(lean: LeanForward, prompt_ids, completion_NC, *, pad_id, tempera
 def _lean_logits(lean, ids_UP, mask_UP, of_row, inputs_NS, dtype, forced_prompt, forced_rest, log, replay):
     """Logits predicting every completion token, and each routed token's weight in the aux loss."""
     (u, p), (n, c) = ids_UP.shape, (inputs_NS.size(0), inputs_NS.size(1) + 1)
-    if u <= n // 2:       # shared prompts: forward each once, continue every row from its KV
-        prefix = Collect()
-        logits_NCV = lean(ids_UP, _positions(mask_UP), prompt_bias(mask_UP, dtype), prefix, logits_from=p - 1,
-                          forced=forced_prompt, log=log, replay=replay)[of_row]
-        mask_NP = mask_UP[of_row]
-        if c > 1:
-            pos_NS = mask_NP.sum(1, keepdim=True) + torch.arange(c - 1)
-            rest = lean(inputs_NS, pos_NS, continuation_bias(mask_NP, c - 1, dtype), PrefixKV(prefix, of_row),
-                        logits_from=0, forced=forced_rest, log=log, replay=replay)
-            logits_NCV = torch.cat([logits_NCV, rest], dim=1)
+    if u <= n // 2:       # shared prompts: each forwarded once, in one pass with every row's continuation
+        mask_NP, s = mask_UP[of_row], c - 1
+        ids_1S = torch.cat([ids_UP.flatten(), inputs_NS.flatten()])[None]
+        pos_1S = torch.cat([_positions(mask_UP).flatten(),
+                            (mask_NP.sum(1, keepdim=True) + torch.arange(s)).flatten()])[None]
+        packed = SharedPrefix(u, p, of_row, prompt_bias(mask_UP, dtype), continuation_bias(mask_NP, s, dtype))
+        scored = torch.cat([torch.arange(u) * p + p - 1, u * p + torch.arange(n * s)])  # each prompt's last, all fed
+        forced = None if forced_prompt is None else [torch.cat(f) for f in zip(forced_prompt, forced_rest)]
+        logits_V = lean(ids_1S, pos_1S, None, packed, logits_from=scored, forced=forced, log=log, replay=replay)[0]
+        logits_NCV = torch.cat([logits_V[:u][of_row, None], logits_V[u:].view(n, s, logits_V.size(-1))], dim=1)
         weights_T = torch.cat([(mask_UP * torch.bincount(of_row, minlength=u)[:, None]).flatten(),
                                torch.ones(inputs_NS.numel())])
     else:                 # distinct prompts: one forward over whole rows

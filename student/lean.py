@@ -9,8 +9,9 @@ not offer:
 
 * a preallocated KV cache for decoding (`StaticKV`),
 * prompt sharing: rows that share a prompt (the G attempts of a group) forward it once, and its
-  keys/values are gathered to the rows (`PrefixKV`), in generation and in training alike; the
-  gradient of the shared prompt sums over its rows,
+  keys/values are gathered to the rows, in generation (`Collect` then `StaticKV`) and in scoring
+  (`SharedPrefix`, prompts and continuations in one pass) alike; the gradient of the shared prompt
+  sums over its rows,
 * routes as arguments: each forward may record the experts it picked and may be told which
   experts to use (router replay, student/router_replay.py), with no hooks.
 
@@ -57,17 +58,24 @@ def unsupported(model: torch.nn.Module) -> str | None:
 # ---------------------------------------------------------------------- key/value stores
 class KV:
     """Where a forward keeps keys/values: `extend(layer, k, v)` returns every key/value the new
-    tokens attend to (past + new); `advance(s)` is called once per forward after the last layer."""
+    tokens attend to (past + new); `attend` runs a layer's attention over them; `advance(s)` is
+    called once per forward after the last layer."""
 
     def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
+
+    def attend(self, lean: "LeanForward", layer: int, q_NSHd: torch.Tensor, k_NSKd: torch.Tensor,
+               v_NSKd: torch.Tensor, bias_N1ST: torch.Tensor) -> torch.Tensor:
+        """Attention output (N, S, H, d) of this forward's queries over extend()'s keys/values."""
+        k_all, v_all = self.extend(layer, k_NSKd.transpose(1, 2), v_NSKd.transpose(1, 2))
+        return lean._attention(q_NSHd.transpose(1, 2), k_all, v_all, bias_N1ST).transpose(1, 2)
 
     def advance(self, s: int) -> None:
         pass
 
 
 class Collect(KV):
-    """No past; keeps this forward's keys/values, e.g. a prompt's, to become a PrefixKV."""
+    """No past; keeps this forward's keys/values, e.g. a prompt's, to seed a StaticKV."""
 
     def __init__(self):
         self.k: list[torch.Tensor] = []
@@ -86,16 +94,35 @@ class NoPast(KV):
         return k, v
 
 
-class PrefixKV(KV):
-    """Keys/values of U prefixes, shared out to N rows (row_N[i] = the prefix of row i); each
-    layer's new keys/values are appended after the row's prefix. Differentiable."""
+class SharedPrefix(KV):
+    """U prefixes of P tokens and N continuations of C tokens (row_N[i]: the prefix of continuation
+    i) in one forward. The caller feeds a single row, the U*P prefix tokens then the N*C
+    continuation tokens, so every per-token op (norms, projections, experts) runs once over all of
+    them; only attention splits them: a prefix attends within itself (prefix_bias, (U, 1, P, P)), a
+    continuation to its prefix's keys and then causally (cont_bias, (N, 1, C, P + C)). The
+    gradient of a prefix sums over its continuations. Differentiable.
 
-    def __init__(self, prefix: Collect, row_N: torch.Tensor):
-        self.prefix, self.row_N = prefix, row_N
+    Why one pass: forwarding the prefixes first and the continuations on their keys after doubles
+    the op count, and at RL shapes (8 prompts of ~9 tokens) that second, short pass cost a sixth of
+    the training forward + backward."""
 
-    def extend(self, layer, k, v):
-        return (torch.cat([self.prefix.k[layer][self.row_N], k], dim=2),
-                torch.cat([self.prefix.v[layer][self.row_N], v], dim=2))
+    def __init__(self, u: int, p: int, row_N: torch.Tensor, prefix_bias: torch.Tensor, cont_bias: torch.Tensor):
+        self.u, self.p, self.row_N = u, p, row_N
+        self.n, self.c = len(row_N), cont_bias.size(2)
+        self.prefix_bias, self.cont_bias = prefix_bias, cont_bias
+
+    def attend(self, lean, layer, q_NSHd, k_NSKd, v_NSKd, bias_N1ST):
+        def rows(t, start, count, length):     # (1, S, heads, d) token range -> (count, heads, length, d)
+            return t[0, start:start + count * length].view(count, length, t.size(2), t.size(3)).transpose(1, 2)
+
+        up, (h, d) = self.u * self.p, q_NSHd.shape[2:]
+        q, k, v = (rows(t, 0, self.u, self.p) for t in (q_NSHd, k_NSKd, v_NSKd))
+        out = [lean._attention(q, k, v, self.prefix_bias).transpose(1, 2).reshape(up, h, d)]
+        if self.c:
+            qc, kc, vc = (rows(t, up, self.n, self.c) for t in (q_NSHd, k_NSKd, v_NSKd))
+            keys, values = torch.cat([k[self.row_N], kc], dim=2), torch.cat([v[self.row_N], vc], dim=2)
+            out.append(lean._attention(qc, keys, values, self.cont_bias).transpose(1, 2).reshape(-1, h, d))
+        return torch.cat(out)[None]
 
 
 class StaticKV(KV):
@@ -231,12 +258,13 @@ class LeanForward:
 
     # -- forward -----------------------------------------------------------------------------
     def __call__(self, ids_NS: torch.Tensor, pos_NS: torch.Tensor, bias_N1ST: torch.Tensor, kv: KV, *,
-                 logits_from: int | None = None, forced: list[torch.Tensor] | None = None,
+                 logits_from: int | torch.Tensor | None = None, forced: list[torch.Tensor] | None = None,
                  log: RouteLog | None = None, replay=None) -> torch.Tensor | None:
-        """Logits (N, S - logits_from, V) of positions logits_from.. (None: no logits).
+        """Logits (N, S - logits_from, V) of positions logits_from.. (an index tensor: of those
+        positions; None: no logits).
 
-        bias_N1ST: additive attention bias (0 or -inf) over the T keys kv.extend returns; every
-        query must see at least one key. forced[l]: (N*S, K) expert ids for routed layer l;
+        bias_N1ST: additive attention bias (0 or -inf) over the T keys kv.extend returns (unused by
+        a SharedPrefix, which holds its own); every query must see at least one key. forced[l]: (N*S, K) expert ids for routed layer l;
         `replay` (a RouterReplay) then counts how often they differ from the router's own choice.
         """
         m = self.model.model
@@ -260,13 +288,11 @@ class LeanForward:
                 o = ops.decode_attention(qkv.view(n, -1, d), w_qk_norm, cos.view(n, d), sin.view(n, d), kv.k[i],
                                          kv.v[i], kv.length, bias_N1ST.reshape(n, -1), self.scale, self.eps)
             else:
-                qk, v = qkv[:, :, :h_ + hkv], qkv[:, :, h_ + hkv:].transpose(1, 2)
+                qk, v = qkv[:, :, :h_ + hkv], qkv[:, :, h_ + hkv:]
                 if self.qk_norm:
                     qk = self._rms(qk, w_qk_norm)
-                qk = self._rotate(qk, cos, sin).transpose(1, 2)
-                q, k = qk[:, :h_], qk[:, h_:]
-                k_all, v_all = kv.extend(i, k, v)
-                o = self._attention(q, k_all, v_all, bias_N1ST).transpose(1, 2)
+                qk = self._rotate(qk, cos, sin)
+                o = kv.attend(self, i, qk[:, :, :h_], qk[:, :, h_:], v, bias_N1ST)
             x = x + F.linear(o.reshape(n, s, h_ * d), a.o_proj.weight)
             h = self._rms(x, layer.post_attention_layernorm.weight).view(n * s, -1)
             mlp = layer.mlp
@@ -279,7 +305,8 @@ class LeanForward:
         kv.advance(s)
         if logits_from is None:
             return None
-        x = self._rms(x[:, logits_from:], m.norm.weight)
+        x = x[:, logits_from:] if isinstance(logits_from, int) else x[:, logits_from]
+        x = self._rms(x, m.norm.weight)
         return F.linear(x, self.model.lm_head.weight)
 
 
