@@ -179,6 +179,22 @@ def test_grouped_mm_matches_loop():
            torch.float64)
 
 
+def test_grouped_mm_few_rows_match_the_loop():
+    # Experts with few rows and weights as transformers stores them ((E, out, in), used through a
+    # transposed view) take the small-GEMM kernel: every row count up to past its threshold (48),
+    # row tails of 1-3, an empty expert, and rows of x with a stride.
+    g = torch.Generator().manual_seed(8)
+    counts = [0, 1, 2, 3, 4, 5, 7, 16, 17, 31, 48, 49, 64]
+    offsets = torch.tensor([0] + counts, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    P = int(offsets[-1])
+    for i, o in ((128, 512), (256, 128), (8, 4)):
+        w_EOI = torch.randn(len(counts), o, i, generator=g) * i ** -0.5     # outputs of order 1
+        wide = torch.randn(P, i + 8, generator=g)
+        for xs in (wide[:, :i].contiguous(), wide[:, :i]):       # contiguous and row-strided inputs
+            out = ops.grouped_mm(xs, w_EOI.transpose(1, 2), offsets)
+            _close(out, ref.grouped_mm_loop(xs, w_EOI.transpose(1, 2), offsets), torch.float32)
+
+
 def test_grouped_mm_gradients():
     g = torch.Generator().manual_seed(5)
     offsets = torch.tensor([0, 4, 4, 9], dtype=torch.int32)
