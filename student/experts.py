@@ -56,6 +56,34 @@ def hintrl_experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, t
     return ops.unpermute_combine(ys_PD.to(x_TD.dtype), pos_TK, top_k_weights)
 
 
+class _SwiGLU(torch.autograd.Function):
+    """silu(gate) * up of h = [gate | up]: transformers' default gate, with a backward that writes
+    both halves of the gradient into one buffer. Autograd through its chunk + silu + mul ends in a
+    cat of the two halves; this is the same arithmetic (bitwise) without it: fwd + bwd of a
+    (1920, 512) activation 1.23 -> 0.90 ms."""
+
+    @staticmethod
+    def forward(ctx, h):
+        gate, up = h.chunk(2, dim=-1)
+        act = F.silu(gate)
+        ctx.save_for_backward(gate, up, act)
+        return act * up
+
+    @staticmethod
+    def backward(ctx, grad):
+        gate, up, act = ctx.saved_tensors
+        f = gate.size(-1)
+        grad_h = grad.new_empty(*grad.shape[:-1], 2 * f)
+        torch.ops.aten.silu_backward.grad_input(grad * up, gate, grad_input=grad_h[..., :f])
+        torch.mul(grad, act, out=grad_h[..., f:])
+        return grad_h
+
+
+def _is_default_swiglu(experts: torch.nn.Module) -> bool:
+    return (getattr(type(experts)._apply_gate, "__name__", "") == "_default_apply_gate"
+            and type(experts.act_fn).__name__ in ("SiLUActivation", "SiLU"))
+
+
 def expert_mlp(self: torch.nn.Module, xs_PD: torch.Tensor, offsets_E1: torch.Tensor) -> torch.Tensor:
     """The experts' MLPs on expert-sorted rows: row group e (offsets_E1[e]:offsets_E1[e+1]) goes
     through expert e of `self`'s weights. Shared with the expert-parallel forward, which calls it
@@ -63,7 +91,10 @@ def expert_mlp(self: torch.nn.Module, xs_PD: torch.Tensor, offsets_E1: torch.Ten
     if self.has_gate:
         h_PF = _linear(self, xs_PD, self.gate_up_proj, getattr(self, "gate_up_proj_bias", None) if self.has_bias
                        else None, offsets_E1)
-        h_PF = self._apply_gate(h_PF)
+        if h_PF.requires_grad and _is_default_swiglu(self):
+            h_PF = _SwiGLU.apply(h_PF)
+        else:
+            h_PF = self._apply_gate(h_PF)
     else:
         h_PF = _linear(self, xs_PD, self.up_proj, getattr(self, "up_proj_bias", None) if self.has_bias else None,
                        offsets_E1)

@@ -152,3 +152,21 @@ def test_hintrl_gating_matches_transformers_router(family):
 
 def test_gpt_oss_router_is_left_alone_by_gating_patch():
     assert student.experts.use_hintrl_gating(_model("gpt_oss")) == 0
+
+
+def test_swiglu_function_is_bitwise_transformers_default_gate():
+    # expert_mlp's fused gate (one gradient buffer instead of autograd's cat of two halves) must be
+    # the same arithmetic as transformers' _default_apply_gate, forward and backward.
+    from student.experts import _is_default_swiglu, _SwiGLU
+    experts = _model("qwen3_moe").model.layers[0].mlp.experts
+    assert _is_default_swiglu(experts)
+    assert not _is_default_swiglu(_model("gpt_oss").model.layers[0].mlp.experts)   # clamped, own gate
+    h = torch.randn(37, 32, generator=torch.Generator().manual_seed(0))
+    grad = torch.randn(37, 16, generator=torch.Generator().manual_seed(1))
+    results = []
+    for fn in (experts._apply_gate, _SwiGLU.apply):
+        x = h.clone().requires_grad_()
+        out = fn(x)
+        results.append((out, *torch.autograd.grad(out, x, grad)))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
