@@ -60,7 +60,7 @@ class _SwiGLU(torch.autograd.Function):
     """silu(gate) * up of h = [gate | up]: transformers' default gate, with a backward that writes
     both halves of the gradient into one buffer. Autograd through its chunk + silu + mul ends in a
     cat of the two halves; this is the same arithmetic (bitwise) without it: fwd + bwd of a
-    (1920, 512) activation 1.23 -> 0.90 ms."""
+    (1920, 512) activation 1.15-1.31 -> 0.84-0.96 ms."""
 
     @staticmethod
     def forward(ctx, h):
