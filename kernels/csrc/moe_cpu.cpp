@@ -7,6 +7,7 @@
 #include <ATen/ThreadLocalState.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -291,6 +292,42 @@ void check_grouped(const at::Tensor& x_PI, const at::Tensor& w_EIO, const at::Te
   for (int64_t e = 0; e < E; ++e) TORCH_CHECK(off[e + 1] >= off[e], what, ": offsets must not decrease");
 }
 
+// The experts dealt to `bins` threads by rows, largest first to the least loaded (LPT). A trained
+// router is skewed: after the default experiment's warm-start the 8 experts of a layer got 1046,
+// 919, 506, 209, 147, 166, 108 and 355 rows, and handing each thread a contiguous run of experts
+// gave one thread 2680 rows and the other 776. Experts stay whole, so every expert's product is the
+// same call whatever the thread count (results do not depend on it). Warm-start step of the default
+// experiment, A/B: 0.117 -> 0.115 s (its experts are narrow); decoding's near-even routing: no change.
+std::vector<std::vector<int64_t>> deal_experts(const int32_t* off, int64_t E, int64_t bins) {
+  std::vector<int64_t> order(E);
+  for (int64_t e = 0; e < E; ++e) order[e] = e;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return off[a + 1] - off[a] > off[b + 1] - off[b]; });
+  std::vector<std::vector<int64_t>> dealt(bins);
+  std::vector<int64_t> load(bins, 0);
+  for (int64_t e : order) {
+    const int64_t t = std::min_element(load.begin(), load.end()) - load.begin();
+    dealt[t].push_back(e);
+    load[t] += off[e + 1] - off[e];
+  }
+  return dealt;
+}
+
+// fn(expert) for every expert, the experts dealt over the threads as above, each thread in the
+// caller's grad/inference mode (worker threads do not inherit them) and below autograd.
+template <typename Fn>
+void for_each_expert(const int32_t* off, int64_t E, const Fn& fn) {
+  const int64_t bins = std::max<int64_t>(1, std::min<int64_t>(E, at::get_num_threads()));
+  const auto dealt = deal_experts(off, E, bins);
+  const at::ThreadLocalState caller;
+  at::parallel_for(0, bins, 1, [&](int64_t b, int64_t e) {
+    at::ThreadLocalStateGuard same_modes(caller);
+    at::AutoDispatchBelowAutograd below_autograd;
+    for (int64_t t = b; t < e; ++t)
+      for (int64_t ex : dealt[t]) fn(ex);
+  });
+}
+
 // Rows up to which an expert's product takes the small-GEMM kernel rather than BLAS: measured per
 // expert (128 -> 512, 4 layers' weights cycling, 1 thread) it was 25% faster at 16 rows and level
 // with MKL from 40 to 64.
@@ -314,26 +351,21 @@ at::Tensor grouped_mm_cpu(const at::Tensor& x_PI, const at::Tensor& w_EIO, const
   const bool small = x_PI.scalar_type() == at::kFloat && x_PI.stride(1) == 1 && w_EIO.stride(1) == 1 &&
                      small_gemm_fits(w_EIO.size(1), O) && small_gemm_cpu_ok();
 #else
-  const bool small = false;
+  [[maybe_unused]] const bool small = false;
 #endif
-  const at::ThreadLocalState caller;  // grad/inference mode: worker threads do not inherit them
-  at::parallel_for(0, E, 1, [&](int64_t b, int64_t e) {
-    at::ThreadLocalStateGuard same_modes(caller);
-    at::AutoDispatchBelowAutograd below_autograd;
-    for (int64_t ex = b; ex < e; ++ex) {
-      const int64_t r0 = off[ex], n = off[ex + 1] - off[ex];
-      if (n == 0) continue;
+  for_each_expert(off, E, [&](int64_t ex) {
+    const int64_t r0 = off[ex], n = off[ex + 1] - off[ex];
+    if (n == 0) return;
 #ifdef HINTRL_SMALL_GEMM
-      if (small && n <= kSmallGemmRows) {
-        small_gemm_nt(x_PI.data_ptr<float>() + r0 * x_PI.stride(0), x_PI.stride(0),
-                      w_EIO.data_ptr<float>() + ex * w_EIO.stride(0), w_EIO.stride(2),
-                      out_PO.data_ptr<float>() + r0 * O, O, n, O, w_EIO.size(1));
-        continue;
-      }
-#endif
-      auto out = out_PO.narrow(0, r0, n);
-      at::mm_out(out, x_PI.narrow(0, r0, n), w_EIO.select(0, ex));
+    if (small && n <= kSmallGemmRows) {
+      small_gemm_nt(x_PI.data_ptr<float>() + r0 * x_PI.stride(0), x_PI.stride(0),
+                    w_EIO.data_ptr<float>() + ex * w_EIO.stride(0), w_EIO.stride(2),
+                    out_PO.data_ptr<float>() + r0 * O, O, n, O, w_EIO.size(1));
+      return;
     }
+#endif
+    auto out = out_PO.narrow(0, r0, n);
+    at::mm_out(out, x_PI.narrow(0, r0, n), w_EIO.select(0, ex));
   });
   return out_PO;
 }
@@ -351,16 +383,11 @@ at::Tensor grouped_mm_weight_grad_cpu(const at::Tensor& x_PI, const at::Tensor& 
   const int32_t* off = offsets.data_ptr<int32_t>();
   auto grad_w = at::empty_like(w_EIO);
   at::AutoDispatchBelowAutograd below_autograd;
-  const at::ThreadLocalState caller;
-  at::parallel_for(0, E, 1, [&](int64_t b, int64_t e) {
-    at::ThreadLocalStateGuard same_modes(caller);
-    at::AutoDispatchBelowAutograd below_autograd;
-    for (int64_t ex = b; ex < e; ++ex) {
-      auto out = grad_w.select(0, ex);
-      const int64_t r0 = off[ex], n = off[ex + 1] - off[ex];
-      if (n == 0) { out.zero_(); continue; }
-      at::mm_out(out, x_PI.narrow(0, r0, n).t(), grad_PO.narrow(0, r0, n));
-    }
+  for_each_expert(off, E, [&](int64_t ex) {
+    auto out = grad_w.select(0, ex);
+    const int64_t r0 = off[ex], n = off[ex + 1] - off[ex];
+    if (n == 0) { out.zero_(); return; }
+    at::mm_out(out, x_PI.narrow(0, r0, n).t(), grad_PO.narrow(0, r0, n));
   });
   return grad_w;
 }
