@@ -264,8 +264,9 @@ class LeanForward:
         positions; None: no logits).
 
         bias_N1ST: additive attention bias (0 or -inf) over the T keys kv.extend returns (unused by
-        a SharedPrefix, which holds its own); every query must see at least one key. forced[l]: (N*S, K) expert ids for routed layer l;
-        `replay` (a RouterReplay) then counts how often they differ from the router's own choice.
+        a SharedPrefix, which holds its own); every query must see at least one key. forced[l]:
+        (N*S, K) expert ids for routed layer l; `replay` (a RouterReplay) then counts how often they
+        differ from the router's own choice.
         """
         m = self.model.model
         n, s = ids_NS.shape

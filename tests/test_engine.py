@@ -19,8 +19,8 @@ def test_one_rank_skips_the_gradient_reduction_and_updates_the_same(tmp_path):
     from rl.engine import build_engine
     from student import ByteTokenizer, build_student
 
-    cfg = load_config("experiments/default", TINY + [f"output_dir={tmp_path}", "deepspeed.gradient_accumulation_steps=2",
-                                                     "deepspeed.gradient_clipping=0.5"])
+    cfg = load_config("experiments/default", TINY + [f"output_dir={tmp_path}", "deepspeed.gradient_clipping=0.5",
+                                                     "deepspeed.gradient_accumulation_steps=2"])
     tok = ByteTokenizer()
     ids = torch.randint(3, 200, (4, 12), generator=torch.Generator().manual_seed(0))
 

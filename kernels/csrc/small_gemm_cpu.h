@@ -27,8 +27,8 @@ __attribute__((target("avx2,fma"))) inline __m128 hsum4(__m256 a, __m256 b, __m2
 
 // Rows m0..m0+MB of out, columns n0..n0+4.
 template <int MB>
-__attribute__((target("avx2,fma"))) inline void small_gemm_tile(const float* x, int64_t ldx, const float* w, int64_t ldw,
-                                                                 int64_t K, float* out, int64_t ldo) {
+__attribute__((target("avx2,fma"))) inline void small_gemm_tile(const float* x, int64_t ldx, const float* w,
+                                                                 int64_t ldw, int64_t K, float* out, int64_t ldo) {
   __m256 acc[MB][4];
   for (int i = 0; i < MB; ++i)
     for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_setzero_ps();
@@ -57,8 +57,9 @@ inline bool small_gemm_cpu_ok() {
 }
 
 // out (M x N, row stride ldo) = x (M x K, row stride ldx) times w^T (w: N x K, row stride ldw).
-__attribute__((target("avx2,fma"))) inline void small_gemm_nt(const float* x, int64_t ldx, const float* w, int64_t ldw,
-                                                              float* out, int64_t ldo, int64_t M, int64_t N, int64_t K) {
+__attribute__((target("avx2,fma"))) inline void small_gemm_nt(const float* x, int64_t ldx, const float* w,
+                                                              int64_t ldw, float* out, int64_t ldo, int64_t M,
+                                                              int64_t N, int64_t K) {
   // Column tiles outermost: a tile's 4 weight rows are read from memory once and reused from L1
   // for every row block.
   for (int64_t n0 = 0; n0 < N; n0 += 4) {
