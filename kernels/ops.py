@@ -92,8 +92,8 @@ def _aligned_16(t: torch.Tensor) -> bool:
 
 def grouped_mm(xs_PI: torch.Tensor, w_EIO: torch.Tensor, offsets_E1: torch.Tensor) -> torch.Tensor:
     """Row group e of xs (offsets_E1[e]:offsets_E1[e+1]) times w_EIO[e]; rows past offsets_E1[-1]
-    give zeros. On the CPU extension: our kernel (one BLAS call per expert, the experts spread over
-    the threads). Elsewhere torch's grouped GEMM where it takes the operands (fp32/bf16/fp16,
+    give zeros. On the CPU extension: our kernel (one product per expert, BLAS or a few-row kernel,
+    the experts dealt over the threads by rows). Elsewhere torch's grouped GEMM where it takes the operands (fp32/bf16/fp16,
     16-byte aligned), a per-expert loop otherwise."""
     xs_PI = xs_PI.to(w_EIO.dtype)
     if xs_PI.device.type == "cpu" and CPU_EXTENSION_ERROR is None:

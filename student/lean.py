@@ -57,18 +57,21 @@ def unsupported(model: torch.nn.Module) -> str | None:
 
 # ---------------------------------------------------------------------- key/value stores
 class KV:
-    """Where a forward keeps keys/values: `extend(layer, k, v)` returns every key/value the new
-    tokens attend to (past + new); `attend` runs a layer's attention over them; `advance(s)` is
+    """Where a forward keeps keys/values and how a layer attends over them: `attend` takes the
+    layer's projected heads and returns its attention output; by default through `extend(layer, k,
+    v)`, which returns every key/value the new tokens attend to (past + new). `advance(s)` is
     called once per forward after the last layer."""
 
     def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
-    def attend(self, lean: "LeanForward", layer: int, q_NSHd: torch.Tensor, k_NSKd: torch.Tensor,
-               v_NSKd: torch.Tensor, bias_N1ST: torch.Tensor) -> torch.Tensor:
-        """Attention output (N, S, H, d) of this forward's queries over extend()'s keys/values."""
-        k_all, v_all = self.extend(layer, k_NSKd.transpose(1, 2), v_NSKd.transpose(1, 2))
-        return lean._attention(q_NSHd.transpose(1, 2), k_all, v_all, bias_N1ST).transpose(1, 2)
+    def attend(self, lean: "LeanForward", layer: int, qkv_NSJd: torch.Tensor, qk_norm_w: torch.Tensor | None,
+               cos: torch.Tensor, sin: torch.Tensor, bias_N1ST: torch.Tensor) -> torch.Tensor:
+        """Attention output (N, S, H, d) of the projected heads qkv_NSJd (H query, Hkv key, Hkv
+        value heads; queries and keys still to normalise and rotate) over extend()'s keys/values."""
+        q, k, v = lean._heads(qkv_NSJd, qk_norm_w, cos, sin)
+        k_all, v_all = self.extend(layer, k.transpose(1, 2), v.transpose(1, 2))
+        return lean._attention(q.transpose(1, 2), k_all, v_all, bias_N1ST).transpose(1, 2)
 
     def advance(self, s: int) -> None:
         pass
@@ -111,10 +114,11 @@ class SharedPrefix(KV):
         self.n, self.c = len(row_N), cont_bias.size(2)
         self.prefix_bias, self.cont_bias = prefix_bias, cont_bias
 
-    def attend(self, lean, layer, q_NSHd, k_NSKd, v_NSKd, bias_N1ST):
+    def attend(self, lean, layer, qkv_NSJd, qk_norm_w, cos, sin, bias_N1ST):
         def rows(t, start, count, length):     # (1, S, heads, d) token range -> (count, heads, length, d)
             return t[0, start:start + count * length].view(count, length, t.size(2), t.size(3)).transpose(1, 2)
 
+        q_NSHd, k_NSKd, v_NSKd = lean._heads(qkv_NSJd, qk_norm_w, cos, sin)
         up, (h, d) = self.u * self.p, q_NSHd.shape[2:]
         q, k, v = (rows(t, 0, self.u, self.p) for t in (q_NSHd, k_NSKd, v_NSKd))
         out = [lean._attention(q, k, v, self.prefix_bias).transpose(1, 2).reshape(up, h, d)]
@@ -126,7 +130,10 @@ class SharedPrefix(KV):
 
 
 class StaticKV(KV):
-    """Preallocated (N, Hkv, capacity, d) buffers per layer, filled left to right (no grad)."""
+    """Preallocated (N, Hkv, capacity, d) buffers per layer, filled left to right, one token per row
+    and forward (decoding, no grad). A layer attends in one fused op (kernels.ops.decode_attention:
+    q/k norm, rotary, cache write, attention), a few calls instead of ~120, whose dispatch cost
+    dominated decoding at RL shapes."""
 
     def __init__(self, prefix: Collect, row_N: torch.Tensor, capacity: int):
         k0 = prefix.k[0]
@@ -137,11 +144,13 @@ class StaticKV(KV):
             buf[:, :, :p].copy_(src[row_N])
         self.length = p
 
-    def extend(self, layer, k, v):
-        end = self.length + k.size(2)
-        self.k[layer][:, :, self.length:end] = k
-        self.v[layer][:, :, self.length:end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+    def attend(self, lean, layer, qkv_NSJd, qk_norm_w, cos, sin, bias_N1ST):
+        n, s, _, d = qkv_NSJd.shape
+        if s != 1:
+            raise ValueError(f"StaticKV decodes one token per row and forward, got {s}")
+        o = ops.decode_attention(qkv_NSJd.view(n, -1, d), qk_norm_w, cos.view(n, d), sin.view(n, d), self.k[layer],
+                                 self.v[layer], self.length, bias_N1ST.reshape(n, -1), lean.scale, lean.eps)
+        return o.view(n, 1, -1, d)
 
     def advance(self, s):
         self.length += s
@@ -225,6 +234,16 @@ class LeanForward:
         half = x.size(-1) // 2
         return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
+    def _heads(self, qkv_NSJd, qk_norm_w, cos, sin):
+        """(q, k, v), token-major, from the projected heads: queries and keys normalised (Qwen3)
+        and rotated together (per-head ops, so each element sees the same arithmetic as apart)."""
+        h_, hkv = self.num_heads, self.num_kv_heads
+        qk, v = qkv_NSJd[:, :, :h_ + hkv], qkv_NSJd[:, :, h_ + hkv:]
+        if self.qk_norm:
+            qk = self._rms(qk, qk_norm_w)
+        qk = self._rotate(qk, cos, sin)
+        return qk[:, :, :h_], qk[:, :, h_:], v
+
     def _attention(self, q_NHSd, k_NKTd, v_NKTd, bias_N1ST):
         # Query heads grouped by the key/value head they share (transformers' repeat_kv order), so
         # GQA is two batched matmuls without materialising repeated keys.
@@ -263,8 +282,8 @@ class LeanForward:
         """Logits (N, S - logits_from, V) of positions logits_from.. (an index tensor: of those
         positions; None: no logits).
 
-        bias_N1ST: additive attention bias (0 or -inf) over the T keys kv.extend returns (unused by
-        a SharedPrefix, which holds its own); every query must see at least one key. forced[l]:
+        bias_N1ST: additive attention bias (0 or -inf) over the T keys the layer attends to (unused
+        by a SharedPrefix, which holds its own); every query must see at least one key. forced[l]:
         (N*S, K) expert ids for routed layer l; `replay` (a RouterReplay) then counts how often they
         differ from the router's own choice.
         """
@@ -273,27 +292,13 @@ class LeanForward:
         x = m.embed_tokens(ids_NS)
         cos, sin = self._rope(pos_NS, x.dtype)
         h_, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        # One new token per row on a preallocated cache: the fused decode attention, which also
-        # writes the token's key/value (a few ops instead of ~120 per layer, whose dispatch cost
-        # dominated decoding at RL shapes).
-        decoding = isinstance(kv, StaticKV) and s == 1
         li = 0
         for i, layer in enumerate(m.layers):
             a = layer.self_attn
             h = self._rms(x, layer.input_layernorm.weight)
-            # Queries, keys and values in one GEMM; queries and keys normalised and rotated together
-            # (per-head ops, so each element sees the same arithmetic as in separate calls).
-            w_qkv, w_qk_norm = self._qkv_weights(a)
+            w_qkv, w_qk_norm = self._qkv_weights(a)       # queries, keys and values in one GEMM
             qkv = F.linear(h, w_qkv).view(n, s, h_ + 2 * hkv, d)
-            if decoding:         # one op from projection to attention output (kernels.ops.decode_attention)
-                o = ops.decode_attention(qkv.view(n, -1, d), w_qk_norm, cos.view(n, d), sin.view(n, d), kv.k[i],
-                                         kv.v[i], kv.length, bias_N1ST.reshape(n, -1), self.scale, self.eps)
-            else:
-                qk, v = qkv[:, :, :h_ + hkv], qkv[:, :, h_ + hkv:]
-                if self.qk_norm:
-                    qk = self._rms(qk, w_qk_norm)
-                qk = self._rotate(qk, cos, sin)
-                o = kv.attend(self, i, qk[:, :, :h_], qk[:, :, h_:], v, bias_N1ST)
+            o = kv.attend(self, i, qkv, w_qk_norm, cos, sin, bias_N1ST)
             x = x + F.linear(o.reshape(n, s, h_ * d), a.o_proj.weight)
             h = self._rms(x, layer.post_attention_layernorm.weight).view(n * s, -1)
             mlp = layer.mlp

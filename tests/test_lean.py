@@ -102,3 +102,18 @@ def test_other_families_say_why_they_need_transformers(arch):
     assert "model_type" in unsupported(model)
     with pytest.raises(ValueError, match="no lean forward"):
         LeanForward(model)
+
+
+def test_static_cache_decodes_one_token_per_row():
+    # StaticKV attends through the fused decode op, which takes one new token per row and forward.
+    from student.lean import Collect, StaticKV, prompt_bias
+    model = model_of("qwen3_moe").eval()
+    lean = LeanForward(model)
+    ids = torch.tensor([TOK.render_prompt("1 + 2")])
+    pos = torch.arange(ids.size(1))[None]
+    prefix = Collect()
+    with torch.inference_mode():
+        lean(ids, pos, prompt_bias(torch.ones_like(ids), torch.float32), prefix)
+        kv = StaticKV(prefix, torch.tensor([0]), ids.size(1) + 4)
+        with pytest.raises(ValueError, match="one token per row"):
+            lean(ids[:, :2], pos[:, :2] + ids.size(1), torch.zeros(1, 1, 2, ids.size(1) + 2), kv, logits_from=0)
