@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -26,6 +26,7 @@ class TaskConfig:
     name: str = "basic_arithmetic"           # any reasoning-gym dataset
     config: dict[str, Any] = field(default_factory=dict)   # its generator's settings
     render: str = "question"                 # "question" or "expression" (metadata, shorter)
+    reward: str = "binary"                   # "binary": 1 only when the verifier says fully correct; "partial": its score
     eval_seed: int = 1_000_000               # held-out problems come from this seed, never trained
     eval_size: int = 200
     train_size: int = 1_000_000              # virtual size of the training stream (wraps)
@@ -33,18 +34,20 @@ class TaskConfig:
 
 @dataclass
 class MethodConfig:
+    """Keys every method has; each method's config (rl/methods/<name>.py) subclasses this with its
+    own. The `method` section is typed by `method.name`: a key the chosen method does not have is
+    an error naming it."""
     name: str = "hint_distill"               # key of rl.methods.METHODS
     clip_eps: float = 0.2                    # PPO-clip range
     adv_std_norm: bool = False               # False = Dr. GRPO (no std normalisation)
-    distill_coef: float = 1.0                # weight of the on-policy distillation KL
-    distill_kl: str = "reverse"              # "reverse" KL(s||t), "forward" KL(t||s), "jsd"
-    distill_estimator: str = "full"          # "full" vocabulary or "sampled" token only
-    distill_span: str = "first_divergence"   # "all" target tokens, or up to the teacher's first disagreement
+    loss_norm: str = "token"                 # one divisor per step: "token" = real completion tokens (DAPO),
+                                             # "constant" = rows x rollout.max_new_tokens (Dr. GRPO)
+
+    CHOICES: ClassVar[dict[str, tuple]] = {"loss_norm": ("token", "constant")}
 
 
 @dataclass
 class RolloutConfig:
-    engine: str = "hf"                       # transformers generation with a KV cache
     prompts_per_step: int = 16
     attempts_per_prompt: int = 8             # G, the group size
     max_new_tokens: int = 8
@@ -131,11 +134,39 @@ def _describe(err: OmegaConfBaseException) -> str:
     return f"key '{key}': {msg}" if key else msg
 
 
+def _method_schema(cfg: DictConfig, name: str) -> DictConfig:
+    """cfg's method section retyped as method `name`'s config: the keys that method also has keep
+    their values, the others (another method's) are dropped. An unknown name keeps the common
+    keys (validate() names the error)."""
+    from rl.methods import METHODS
+
+    schema = OmegaConf.structured(METHODS[name].Config if name in METHODS else MethodConfig)
+    kept = {k: v for k, v in OmegaConf.to_container(cfg.method).items() if k in schema}
+    return OmegaConf.merge(schema, {**kept, "name": name})
+
+
 def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
+    """Merge one layer. A layer that switches `method.name` first retypes the method section (so its
+    keys are checked against that method), and one that switches `task.name` without giving
+    `task.config` starts from an empty one (the old task's settings would not fit the new task)."""
+    layer = OmegaConf.create(layer) if not isinstance(layer, DictConfig) else layer
     try:
+        method_name = OmegaConf.select(layer, "method.name", default=None)
+        if method_name is not None and method_name != base.method.name:
+            base = OmegaConf.merge(base, {})          # a copy: retyping must not touch the caller's config
+            base.method = _method_schema(base, str(method_name))
+        task_name = OmegaConf.select(layer, "task.name", default=None)
+        if (task_name is not None and task_name != base.task.name
+                and OmegaConf.select(layer, "task.config", default=None) is None):
+            base = OmegaConf.merge(base, {})
+            base.task.config = {}
         return OmegaConf.merge(base, layer)
     except OmegaConfBaseException as err:
-        raise ConfigError(f"{source}: {_describe(err)}") from None
+        message = _describe(err)
+        if isinstance(err, ConfigKeyError) and str(getattr(err, "full_key", "")).startswith("method."):
+            message += (f" (method {base.method.name!r} has: {', '.join(sorted(base.method))}; "
+                        "each method's keys are in rl/methods/<name>.py)")
+        raise ConfigError(f"{source}: {message}") from None
 
 
 def _choice(value: str, valid, key: str) -> None:
@@ -155,10 +186,10 @@ def validate(cfg: RunConfig) -> None:
         dataset_config_cls(**cfg.task.config)
     except TypeError as err:
         raise ConfigError(f"task.config: {err} (settings of reasoning-gym's {cfg.task.name!r})") from None
+    _choice(cfg.task.reward, {"binary", "partial"}, "task.reward")
     _choice(cfg.method.name, METHODS, "method.name")
-    _choice(cfg.method.distill_kl, {"reverse", "forward", "jsd"}, "method.distill_kl")
-    _choice(cfg.method.distill_estimator, {"full", "sampled"}, "method.distill_estimator")
-    _choice(cfg.method.distill_span, {"all", "first_divergence"}, "method.distill_span")
+    for key, valid in type(cfg.method).CHOICES.items():
+        _choice(getattr(cfg.method, key), set(valid), f"method.{key}")
     _choice(cfg.student.arch, ARCHITECTURES, "student.arch")
     _choice(cfg.teacher.kind, TEACHERS, "teacher.kind")
     if cfg.teacher.prompt_template:
@@ -166,7 +197,6 @@ def validate(cfg: RunConfig) -> None:
             PromptTemplate.load(cfg.teacher.prompt_template)
         except (OSError, ValueError) as err:
             raise ConfigError(f"teacher.prompt_template: {err}") from None
-    _choice(cfg.rollout.engine, {"hf"}, "rollout.engine")
     _choice(cfg.deepspeed.dtype, {"fp32", "bf16"}, "deepspeed.dtype")
     _choice(cfg.deepspeed.zero_stage, {0, 1, 2, 3}, "deepspeed.zero_stage")
     for key in ("rollout.prompts_per_step", "rollout.attempts_per_prompt",
@@ -178,6 +208,14 @@ def validate(cfg: RunConfig) -> None:
             raise ConfigError(f"{key} must be positive")
     if cfg.trainer.steps < 0 or cfg.warmstart.steps < 0:
         raise ConfigError("trainer.steps and warmstart.steps must be >= 0")
+    if not cfg.rollout.temperature > 0:
+        raise ConfigError(f"rollout.temperature={cfg.rollout.temperature} must be > 0 (greedy decoding is "
+                          "for evaluation; RL samples)")
+    if cfg.trainer.steps > 0 and cfg.rollout.attempts_per_prompt < 2:
+        raise ConfigError(f"rollout.attempts_per_prompt={cfg.rollout.attempts_per_prompt}: group-relative "
+                          "advantages need at least 2 attempts per prompt")
+    if cfg.method.clip_eps <= 0:
+        raise ConfigError(f"method.clip_eps={cfg.method.clip_eps} must be > 0")
     _validate_scale(cfg)
 
 
@@ -246,6 +284,7 @@ def _merge_experiment(cfg: DictConfig, folder: Path, seen: tuple[Path, ...]) -> 
 def load_config(experiment_dir: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
     """Schema defaults ← `experiment_dir/config.yaml` ← `overrides` ("a.b=value" strings)."""
     cfg = OmegaConf.structured(RunConfig)
+    cfg.method = _method_schema(cfg, cfg.method.name)
     if experiment_dir is not None:
         cfg = _merge_experiment(cfg, Path(experiment_dir), seen=())
         if not cfg.experiment:

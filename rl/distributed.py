@@ -4,8 +4,18 @@ With one process (or before the process group exists) every function returns its
 """
 from __future__ import annotations
 
+import socket
+
 import torch
 import torch.distributed as tdist
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface right now, for a process group's rendezvous (or a
+    local server). Another process may take it before it is bound again: pass it on promptly."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _active() -> bool:
@@ -39,14 +49,17 @@ def sum_over_ranks(values: dict[str, float]) -> dict[str, float]:
     return dict(zip(keys, t.tolist()))
 
 
-def mean_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
-    """Per-key means over the ranks that report the key (some metrics are conditional)."""
+def mean_over_ranks(metrics: dict[str, float], summed: tuple[str, ...] = ("loss/",)) -> dict[str, float]:
+    """Per-key means over the ranks that report the key (some metrics are conditional); keys that
+    start with a `summed` prefix are added up instead (each rank's loss terms are its share of the
+    step's objective, rl/losses.py)."""
     if not _active():
         return metrics
     gathered: list[dict] = [None] * tdist.get_world_size()
     tdist.all_gather_object(gathered, metrics)
     keys = sorted(set().union(*gathered))
-    return {k: sum(m[k] for m in gathered if k in m) / sum(k in m for m in gathered) for k in keys}
+    return {k: sum(m[k] for m in gathered if k in m) / (1 if k.startswith(summed) else sum(k in m for m in gathered))
+            for k in keys}
 
 
 def barrier() -> None:

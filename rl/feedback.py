@@ -1,17 +1,13 @@
-"""Teacher feedback on failed attempts: hint requests, leak guard, hinted contexts, teacher scores.
+"""Teacher feedback on failed attempts: hint requests, leak guard, hinted contexts.
 
 The hint goes into the local context of the target message (right before the assistant turn,
-see `student.tokenizer`). The policy conditioned on it is the teacher distribution: scoring the
-student's own sampled tokens under the hinted context, without gradient, gives the targets of
-the on-policy distillation KL.
+see `student.tokenizer`). The policy conditioned on it is the teacher distribution of the
+distilling methods (rl/methods/hint_distill.py scores the student's own tokens under it).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
-from rl.rollout import score_shared_prompts
 from rl.tasks import Problem, Verdict
 from student.tokenizer import ByteTokenizer
 from teacher import HintRequest, LeakGuard, Teacher
@@ -61,14 +57,3 @@ def hint_failed_attempts(teacher: Teacher, guard: LeakGuard, tok: ByteTokenizer,
         out.hints.append(text)
         out.prompt_ids.append(tok.render_prompt(problems[i].prompt, text))
     return out
-
-
-@torch.no_grad()
-def teacher_logprobs(model, hinted: HintedRows, completion_NC: torch.Tensor, *, pad_id: int,
-                     temperature: float, lean=None):
-    """Scores of the student's own tokens under the hinted context: (logprobs_HC, logp_HCV).
-
-    The full distribution is always returned: the distillation span needs the teacher's argmax.
-    """
-    return score_shared_prompts(model, hinted.prompt_ids, completion_NC[hinted.rows], pad_id=pad_id,
-                                temperature=temperature, lean=lean)

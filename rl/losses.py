@@ -1,91 +1,142 @@
 """Loss terms as pure functions: tensors in, (loss, metrics) out.
 
-Shapes: B prompts, G attempts per prompt, N = B*G sequences (or the hinted subset), C completion
-tokens, V vocabulary. `mask_NC` marks real completion tokens. All token sums are normalised by
-the number of real tokens in the batch (token-level normalisation, as in DAPO / Dr. GRPO), so a
-long answer weighs by its tokens, not as one sample.
+Every term is a SUM over its tokens divided by one normaliser `norm` that the trainer fixes for
+the whole step, across gradient-accumulation micro-batches and ranks (as TRL's
+`num_items_in_batch`). A term's value is then its share of the step's objective, the shares of all
+micro-batches and ranks add up to the objective, and the update does not depend on how the step
+is split. `method.loss_norm` picks the normaliser (`normaliser` below):
+
+    token     the number of real completion tokens in the step (DAPO's token-level mean): a long
+              answer weighs by its tokens; the scale moves with the step's lengths
+    constant  rows x max_new_tokens (Dr. GRPO): a fixed constant, so no length normalisation at
+              all; a token's weight does not depend on what else is in the batch
+
+Distillation terms use the same `norm`, so distillation's share of the gradient shrinks when
+failures (and so distilled tokens) get rare, instead of a single hinted token carrying the full
+coefficient.
+
+Shapes: N sequences, C completion tokens, V vocabulary, B groups. `mask_NC` marks the tokens a
+term sums over.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
 
-def group_advantages(rewards_BG: torch.Tensor, std_norm: bool = False) -> torch.Tensor:
-    """A_bg = r_bg - mean_g r_bg   (Dr. GRPO; with std_norm, divided by std_g + 1e-4 as in GRPO)."""
-    adv = rewards_BG - rewards_BG.mean(dim=1, keepdim=True)
+def normaliser(kind: str, real_tokens: int, rows: int, max_new_tokens: int) -> float:
+    """The step's divisor: `token` -> real completion tokens, `constant` -> rows x max_new_tokens."""
+    if kind == "token":
+        return float(max(1, real_tokens))
+    if kind == "constant":
+        return float(max(1, rows * max_new_tokens))
+    raise ValueError(f"loss_norm={kind!r}: choose token or constant")
+
+
+def group_advantages(rewards_N: torch.Tensor, group_N: torch.Tensor, std_norm: bool = False) -> torch.Tensor:
+    """A_n = r_n - mean of r over n's group (Dr. GRPO); with std_norm divided by the group's
+    (unbiased) std + 1e-4 as in GRPO, and 0 where that std is 0 or undefined (a group of one)."""
+    b = int(group_N.max()) + 1 if len(group_N) else 0
+    r = rewards_N.float()
+    count_B = torch.zeros(b, device=r.device).index_add_(0, group_N, torch.ones_like(r))
+    mean_B = torch.zeros(b, device=r.device).index_add_(0, group_N, r) / count_B
+    adv_N = r - mean_B[group_N]
     if std_norm:
-        adv = adv / (rewards_BG.std(dim=1, keepdim=True) + 1e-4)
-    return adv
+        sq_B = torch.zeros(b, device=r.device).index_add_(0, group_N, adv_N ** 2)
+        std_B = (sq_B / (count_B - 1).clamp(min=1)).sqrt()
+        std_N = std_B[group_N]
+        adv_N = torch.where((std_N > 0) & (count_B[group_N] > 1), adv_N / (std_N + 1e-4), torch.zeros_like(adv_N))
+    return adv_N
 
 
-def _token_mean(x_NC: torch.Tensor, mask_NC: torch.Tensor) -> torch.Tensor:
-    return (x_NC * mask_NC).sum() / mask_NC.sum().clamp(min=1)
+def policy_gradient_loss(logp_NC, old_logp_NC, adv_N, mask_NC, norm: float, clip_eps: float = 0.2,
+                         weight_N=None):
+    """PPO-clip:  L = -1/norm Σ_{n,t} w_n min(ρ A_n, clip(ρ, 1-ε, 1+ε) A_n),  ρ = exp(logp - old_logp).
 
-
-def policy_gradient_loss(logp_NC, old_logp_NC, adv_N, mask_NC, clip_eps: float = 0.2):
-    """PPO-clip:  L = -1/T Σ_{n,t} min(ρ A_n, clip(ρ, 1-ε, 1+ε) A_n),  ρ = exp(logp - old_logp).
-
-    With one optimisation epoch per batch ρ is 1 up to numerics, and L's gradient is the plain
-    policy gradient; the clip guards the rare stale token.
+    With one optimisation epoch per batch ρ is 1 up to numerics and L's gradient is the plain
+    policy gradient; the clip guards the rare stale token. `train/clip_frac` is the share of this
+    call's real tokens where the clip changes the objective (ρ > 1+ε with A > 0, or ρ < 1-ε with
+    A < 0), which are exactly the tokens whose gradient it removes.
     """
-    mask = mask_NC.float()
     ratio = torch.exp(logp_NC - old_logp_NC)
     adv = adv_N[:, None]
     unclipped, clipped = ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv
-    loss = -_token_mean(torch.minimum(unclipped, clipped), mask)
+    per_token = torch.minimum(unclipped, clipped)
+    if weight_N is not None:
+        per_token = per_token * weight_N[:, None]
+    loss = -_masked_sum(per_token, mask_NC) / norm
     with torch.no_grad():
-        clip_frac = _token_mean(((ratio - 1).abs() > clip_eps).float(), mask)
-    return loss, {"loss/pg": loss.item(), "train/clip_frac": clip_frac.item()}
+        clip_frac = _mean((clipped < unclipped).float(), mask_NC)
+    return loss, {"loss/pg": loss.item(), "train/clip_frac": clip_frac}
 
 
-def span_to_first_divergence(teacher_logp_NCV, tokens_NC, mask_NC):
+def span_to_first_divergence(teacher_argmax_NC, tokens_NC, mask_NC):
     """Keep tokens up to and including the first one the teacher would not have produced.
 
     Past that token the student's prefix is one the hinted teacher already rejects, and its
     distribution there says "this attempt is wrong, keep going" (e.g. no <eos> after a wrong
-    digit) — a preference the hint-free student cannot act on. Distilling those positions taught
+    digit), a preference the hint-free student cannot act on. Distilling those positions taught
     a 1M-parameter student to stop ending its answers (experiments/default/README.md).
     """
-    disagree_NC = (teacher_logp_NCV.argmax(-1) != tokens_NC) & mask_NC
+    disagree_NC = (teacher_argmax_NC != tokens_NC) & mask_NC
     disagreements_before_NC = disagree_NC.long().cumsum(-1) - disagree_NC.long()
     return mask_NC & (disagreements_before_NC == 0)
 
 
-def distill_kl_loss(student_logp_NCV, teacher_logp_NCV, mask_NC, kind: str = "reverse"):
-    """Full-vocabulary KL per token between student s and (detached) teacher t, token-mean.
+def distill_kl_loss(student_logp_NCV, teacher_logp_NCV, mask_NC, norm: float, kind: str = "reverse"):
+    """Full-vocabulary divergence per token between student s and (detached) teacher t, summed
+    over mask_NC and divided by norm.
 
     reverse: KL(s‖t) = Σ_v s_v (log s_v − log t_v)   mode-seeking, the on-policy distillation choice
     forward: KL(t‖s) = Σ_v t_v (log t_v − log s_v)   mass-covering, cross-entropy to t
     jsd:     ½ KL(s‖m) + ½ KL(t‖m),  m = ½ (s + t)
+    Tokens where a distribution is 0 (banned ids: log-prob -inf) contribute 0.
     """
     s, t = student_logp_NCV, teacher_logp_NCV.detach()
     if kind == "reverse":
-        kl = (s.exp() * (s - t)).sum(-1)
+        kl = _xlogy_diff(s, s, t)
     elif kind == "forward":
-        kl = (t.exp() * (t - s)).sum(-1)
+        kl = _xlogy_diff(t, t, s)
     elif kind == "jsd":
-        m = torch.logaddexp(s, t) - torch.log(torch.tensor(2.0))
-        kl = 0.5 * (s.exp() * (s - m)).sum(-1) + 0.5 * (t.exp() * (t - m)).sum(-1)
+        m = torch.logaddexp(s, t) - math.log(2.0)
+        kl = 0.5 * _xlogy_diff(s, s, m) + 0.5 * _xlogy_diff(t, t, m)
     else:
         raise ValueError(f"distill kind {kind!r}: choose reverse, forward or jsd")
-    loss = _token_mean(kl, mask_NC.float())
-    return loss, {"loss/distill": loss.item()}
+    loss = _masked_sum(kl, mask_NC) / norm
+    return loss, {"loss/distill": loss.item(), "hint/kl_per_token": _mean(kl.detach(), mask_NC)}
 
 
-def sampled_distill_loss(student_logp_NC, teacher_logp_NC, mask_NC):
+def _xlogy_diff(p_log, a_log, b_log):
+    """Σ_v exp(p_log) (a_log - b_log), with 0 where exp(p_log) is 0 (no -inf - -inf NaNs)."""
+    diff = torch.where(torch.isinf(p_log), torch.zeros_like(a_log), a_log - b_log)
+    return (p_log.exp() * diff).sum(-1)
+
+
+def sampled_distill_loss(student_logp_NC, teacher_logp_NC, mask_NC, norm: float):
     """Reverse KL on sampled tokens only (on-policy distillation with a per-token advantage):
 
-        A_t = −(log s(y_t) − log t(y_t)),  L = −1/T Σ_t A_t · log s(y_t)   (A_t detached)
+        A_t = −(log s(y_t) − log t(y_t)),  L = −1/norm Σ_t A_t · log s(y_t)   (A_t detached)
 
-    Its expected gradient equals that of KL(s‖t) when y_t ~ s. Reports the k1 KL estimate.
+    For y_t ~ s its expected gradient is that of Σ_t KL(s‖t) at each position (the score-function
+    identity: E_s[∇ log s · (log s − log t)] = ∇ KL(s‖t)). Reports the k1 estimate of the KL.
     """
-    mask = mask_NC.float()
-    adv = -(student_logp_NC - teacher_logp_NC).detach()
-    loss = -_token_mean(adv * student_logp_NC, mask)
-    return loss, {"loss/distill": _token_mean(-adv, mask).item()}
+    adv = torch.where(mask_NC, -(student_logp_NC - teacher_logp_NC).detach(), 0.0)
+    loss = -_masked_sum(adv * student_logp_NC, mask_NC) / norm
+    return loss, {"loss/distill": loss.item(), "hint/kl_per_token": _mean(-adv, mask_NC)}
 
 
-def sft_loss(logp_NC, mask_NC):
-    """Negative log-likelihood of demonstration tokens, token-mean."""
-    loss = -_token_mean(logp_NC, mask_NC.float())
+def sft_loss(logp_NC, mask_NC, norm: float):
+    """Negative log-likelihood of demonstration tokens, summed and divided by norm."""
+    loss = -_masked_sum(logp_NC, mask_NC) / norm
     return loss, {"loss/sft": loss.item()}
+
+
+def _masked_sum(x_NC, mask_NC) -> torch.Tensor:
+    """Σ x over mask_NC. A select, not a product: positions outside the mask may hold -inf (the
+    log-prob of a padding token, which the policy never samples) and -inf * 0 is NaN."""
+    return torch.where(mask_NC.bool(), x_NC, torch.zeros((), dtype=x_NC.dtype, device=x_NC.device)).sum()
+
+
+def _mean(x_NC, mask_NC) -> float:
+    return (_masked_sum(x_NC, mask_NC) / mask_NC.sum().clamp(min=1)).item()

@@ -24,7 +24,7 @@ class Problem:
 
 @dataclass
 class Verdict:
-    reward: float       # the verifier's score in [0, 1]
+    reward: float       # in [0, 1]: 0/1 with task.reward=binary, the verifier's score with partial
     feedback: str       # what the verifier says about the attempt (never the answer itself)
 
 
@@ -68,11 +68,16 @@ class TaskSource:
         assert not leaked, f"held-out problems reached training: {leaked[:3]}"
 
     def verify(self, problem: Problem, attempt: str) -> Verdict:
-        reward = float(self.train.score_answer(attempt, problem.entry))
-        if reward >= 1.0:
+        """The verifier's verdict. `task.reward=binary` (default) pays 1 only for a fully correct
+        answer: reasoning-gym's scores give partial credit (0.75 for -280 against -28, for any
+        attempt that contains the answer), which would reward wrong answers in the policy gradient
+        while the hint methods treat them as failed. `partial` keeps the verifier's score."""
+        score = float(self.train.score_answer(attempt, problem.entry))
+        if score >= 1.0:
             feedback = "correct"
         elif not attempt.strip():
             feedback = "no answer was given"
         else:
-            feedback = f"incorrect: {attempt.strip()!r} does not match the expected answer (score {reward:.2f})"
+            feedback = f"incorrect: {attempt.strip()!r} does not match the expected answer"
+        reward = score if self.cfg.reward == "partial" else float(score >= 1.0)
         return Verdict(reward, feedback)

@@ -1,6 +1,12 @@
 """The trainer: warm-start, then RL steps that read in data order.
 
-    rollout -> verify -> teacher hints -> hinted scores -> advantages -> loss -> DeepSpeed step
+    rollout -> verify -> advantages -> the method's stages (e.g. hints, teacher scores)
+            -> per micro-batch: score -> the method's loss terms -> backward -> DeepSpeed step
+
+Everything the step knows sits in one `Batch` (rl/batch.py); a method (rl/methods/) adds stages
+and loss terms without the step changing. Generation and scoring go through the policy interface
+(student/policy.py): `self.policy` (no gradient: rollouts, teacher scores, evaluation) and
+`self.train_policy` (the training forward, through the DeepSpeed engine).
 
 One step = one optimizer update. Steps count warm-start steps too, so a run's curves show the
 warm-start and the RL phase on one axis (`warmstart.steps` marks the boundary).
@@ -15,7 +21,6 @@ from __future__ import annotations
 import os
 import random
 import time
-from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 
@@ -23,22 +28,19 @@ import torch
 from tqdm import tqdm
 
 from rl import checkpoint
+from rl.batch import Batch, micro_batches
 from rl.config import RunConfig, to_yaml
 from rl import distributed as dist
 from rl.engine import build_engine, call_through
 from rl.evaluate import eval_metrics, evaluate
-from rl.feedback import hint_failed_attempts, teacher_logprobs
-from rl.losses import (distill_kl_loss, group_advantages, policy_gradient_loss,
-                       sampled_distill_loss, sft_loss, span_to_first_divergence)
-from rl.methods import get_method
-from rl.rollout import generate, left_pad, right_pad, score
+from rl.losses import group_advantages, normaliser, sft_loss
+from rl.methods import StepContext, get_method
 from rl.rollout_model import RolloutModel
 from rl.runlog import RunLogger
 from rl.tasks import TaskSource
-from rl.warmstart import demonstrations
+from rl.warmstart import demonstrations, right_pad
 from student import ByteTokenizer, build_student, count_parameters
-from student.lean import LeanForward, unsupported as lean_unsupported
-from student.router_replay import RouterReplay
+from student.policy import Sampling, build_policy, left_pad
 from teacher import LeakGuard, build_teacher
 
 
@@ -57,7 +59,7 @@ class Trainer:
         self.tasks = TaskSource(cfg.task, cfg.seed)
         self.teacher = build_teacher(cfg.teacher)
         self.guard = LeakGuard()
-        self.method = get_method(cfg.method.name)
+        self.method = get_method(cfg.method.name)(cfg.method)
         self.engine, _, self.scheduler = build_engine(lambda: build_student(cfg.student, self.tok), cfg)
         self.model = self.engine.module
         self.rank, self.world = dist.rank(), dist.world_size()
@@ -67,11 +69,9 @@ class Trainer:
         self.rng = random.Random(cfg.seed + self.rank)
         # What generates and scores without gradient: the module itself, or a synced full copy (ZeRO-3).
         self.rollout = RolloutModel(self.engine, lambda: build_student(cfg.student, self.tok))
-        # Routes are recorded at every rollout (expert load); replayed only if configured.
-        self.routers = RouterReplay(self.model)
-        self.rollout_routers = (self.routers if self.rollout.module is self.model
-                                else RouterReplay(self.rollout.module))
-        self.lean_rollout, self.lean_train = self._lean_forwards()
+        self.policy, self.train_policy = self._policies()
+        self.sampling = Sampling(max_new_tokens=cfg.rollout.max_new_tokens, eos_id=self.tok.eos_id,
+                                 pad_id=self.tok.pad_id, temperature=cfg.rollout.temperature)
         self.ckpt_dir = run_dir / "checkpoints"
         self.step, self.nonfinite_streak, resume_step = 0, 0, None
         if cfg.resume:
@@ -80,20 +80,17 @@ class Trainer:
         self.log = RunLogger(run_dir, to_yaml(cfg), resume_step) if self.is_main else None
         self.n_params = count_parameters(self.rollout.module)
 
-    def _lean_forwards(self) -> tuple[LeanForward | None, LeanForward | None]:
-        """The lean forward (student/lean.py) for generation and scoring without gradient, and for
-        the training forward when the engine's module is whole (not under ZeRO-3 or expert
-        parallelism, where parameters are partitioned and DeepSpeed's own forward gathers them)."""
-        if not self.cfg.student.lean_forward:
-            return None, None
-        reason = lean_unsupported(self.rollout.module)
-        if reason is not None:
-            if self.is_main:
-                tqdm.write(f"[hintrl] student.lean_forward: {reason}; using the transformers forward")
-            return None, None
-        if self.rollout.module is not self.model:
-            return LeanForward(self.rollout.module), None
-        return LeanForward(self.model), LeanForward(self.model, runner=partial(call_through, self.engine))
+    def _policies(self):
+        """The no-gradient policy over the rollout model and the training policy over the engine.
+        The lean forward (student.lean_forward) serves the training forward only when the engine's
+        module is whole (not under ZeRO-3 or expert parallelism, whose forwards gather parameters)."""
+        tok, lean = self.tok, self.cfg.student.lean_forward
+        common = dict(pad_id=tok.pad_id, banned_ids=tok.never_sampled)
+        policy = build_policy(self.rollout.module, lean=lean, warn=tqdm.write if self.is_main else None, **common)
+        whole = self.rollout.module is self.model
+        train = build_policy(self.model, lean=lean and whole, forward=self.engine,
+                             runner=partial(call_through, self.engine), **common)
+        return policy, train
 
     @property
     def total_steps(self) -> int:
@@ -143,8 +140,7 @@ class Trainer:
         self.rollout.sync()
         self.rollout.module.eval()
         mine = self.tasks.eval_problems[self.rank::self.world]
-        counts = evaluate(self.rollout.module, mine, self.tasks, self.teacher, self.tok,
-                          self.cfg.rollout.max_new_tokens, lean=self.lean_rollout)
+        counts = evaluate(self.policy, mine, self.tasks, self.teacher, self.tok, self.cfg.rollout.max_new_tokens)
         return eval_metrics(dist.sum_over_ranks(counts))
 
     # ------------------------------------------------------------------ warm-start
@@ -153,13 +149,13 @@ class Trainer:
         problems = self._my_slice(self.tasks.next_batch(ws.batch_size))
         prompts, answers = demonstrations(problems, self.teacher, self.guard, tok, self.rng,
                                           ws.hint_fraction)
-        answers_NC, mask_NC = right_pad(answers, tok.pad_id)
+        answers_NC, mask_NC = right_pad(answers, tok.pad_id, self.policy.device)
+        norm = self._normaliser("token", mask_NC, len(prompts))
         self.engine.train()
 
-        def loss_of(rows: slice):
-            logp, _, aux = score(self.engine, prompts[rows], answers_NC[rows], pad_id=tok.pad_id,
-                                 router_logits=True, lean=self.lean_train)
-            return (*sft_loss(logp, mask_NC[rows]), aux)
+        def loss_of(index: list[int]):
+            scores = self.train_policy.score([prompts[i] for i in index], answers_NC[index], router_aux=True)
+            return (*sft_loss(scores.logprobs_NC, mask_NC[index], norm), scores.aux_loss)
 
         metrics = self._accumulate(len(prompts), loss_of)
         written, dropped = self.guard.take_counts()
@@ -178,79 +174,54 @@ class Trainer:
             timings[f"time/{name}_s"] = now - clock
             clock = now
 
-        # 1. rollout: G attempts per problem, with the sampling policy's log-probs
+        # 1. rollout: G attempts per problem, with the sampling distribution's log-probs and routes
         problems = self._my_slice(self.tasks.next_batch(ro.prompts_per_step))
         self.tasks.assert_disjoint(problems)
         group = [p for p in problems for _ in range(ro.attempts_per_prompt)]
         prompts = [tok.render_prompt(p.prompt) for p in group]
         self.rollout.sync()
         self.rollout.module.eval()
-        # The lean forward returns its routes; the transformers forward's are recorded by hooks.
-        with self.rollout_routers.record() if self.lean_rollout is None else nullcontext() as recording:
-            roll = generate(self.rollout.module, prompts, max_new_tokens=ro.max_new_tokens, eos_id=tok.eos_id,
-                            pad_id=tok.pad_id, temperature=ro.temperature, lean=self.lean_rollout)
-        routes = roll.routes.per_row() if roll.routes is not None else recording.routes(batch_size=len(prompts))
+        roll = self.policy.generate(prompts, self.sampling)
         attempts = [tok.decode(row.tolist()) for row in roll.completion_ids_NC]
         lap("rollout")
 
-        # 2. verify
+        # 2. verify, 3. group-relative advantages
         verdicts = [self.tasks.verify(p, a) for p, a in zip(group, attempts)]
-        rewards_BG = torch.tensor([v.reward for v in verdicts]).view(len(problems), -1)
+        dev = roll.completion_ids_NC.device
+        batch = Batch(problems=group, prompt_ids=prompts, completion_ids_NC=roll.completion_ids_NC,
+                      mask_NC=roll.mask_NC, old_logprobs_NC=roll.logprobs_NC, routes=roll.routes,
+                      attempts=attempts, verdicts=verdicts,
+                      rewards_N=torch.tensor([v.reward for v in verdicts], device=dev),
+                      group_N=torch.arange(len(problems), device=dev).repeat_interleave(ro.attempts_per_prompt),
+                      source=["rollout"] * len(group))
+        batch.advantages_N = group_advantages(batch.rewards_N, batch.group_N, cfg.method.adv_std_norm)
         lap("verify")
 
-        # 3. teacher hints on failed attempts, 4. teacher scores under the hinted context
-        hinted, teacher_NC, teacher_NCV = None, None, None
-        full = cfg.method.distill_estimator == "full"
-        if self.method.uses_teacher:
-            hinted = hint_failed_attempts(self.teacher, self.guard, tok, group, attempts, verdicts)
-            lap("teacher")
-            if hinted.rows:
-                teacher_NC, teacher_NCV = teacher_logprobs(
-                    self.rollout.module, hinted, roll.completion_ids_NC, pad_id=tok.pad_id,
-                    temperature=ro.temperature, lean=self.lean_rollout)
-            lap("hinted_scoring")
+        # 4. the method's own stages (hints, teacher scores, extra rows)
+        ctx = StepContext(self.policy, self.teacher, self.guard, tok, self.tasks, cfg, lap)
+        metrics = self.method.extend(batch, ctx)
 
-        # 5. advantages, 6. loss and 7. DeepSpeed step, per gradient-accumulation micro-batch
-        adv_N = group_advantages(rewards_BG, cfg.method.adv_std_norm).flatten()
-        hint_pos = {row: h for h, row in enumerate(hinted.rows)} if teacher_NC is not None else {}
-        prompt_width = max(len(p) for p in prompts)
+        # 5. loss and 6. DeepSpeed step, per gradient-accumulation micro-batch, one normaliser for all
+        norm = self._normaliser(cfg.method.loss_norm, batch.mask_NC, batch.n)
+        replay = cfg.student.router_replay
         self.engine.train()
 
-        def loss_of(rows: slice):
-            mine = [i for i, row in enumerate(range(rows.start, rows.stop)) if row in hint_pos]
-            kwargs = dict(pad_id=tok.pad_id, temperature=ro.temperature, full=full and bool(mine), router_logits=True)
-            if self.lean_train is not None:     # routes as arguments; each distinct prompt forwarded once
-                replay = cfg.student.router_replay
-                logp_NC, logp_NCV, aux = score(self.engine, prompts[rows], roll.completion_ids_NC[rows],
-                                               lean=self.lean_train, routes=roll.routes.select(rows) if replay else None,
-                                               replay=self.routers if replay else None, **kwargs)
-            else:
-                # A micro-batch is left-padded to its own longest prompt: drop the routes' extra columns.
-                shift = prompt_width - max(len(p) for p in prompts[rows])
-                with self.routers.replay([r[rows, shift:] for r in routes]) if cfg.student.router_replay else nullcontext():
-                    logp_NC, logp_NCV, aux = score(self.engine, prompts[rows], roll.completion_ids_NC[rows], **kwargs)
-            loss, metrics = policy_gradient_loss(logp_NC, roll.logprobs_NC[rows], adv_N[rows],
-                                                 roll.mask_NC[rows], cfg.method.clip_eps)
-            if mine:
-                h = [hint_pos[rows.start + i] for i in mine]
-                distill, m = self._distill_term(logp_NC[mine], logp_NCV[mine] if full else None,
-                                                teacher_NC[h], teacher_NCV[h],
-                                                roll.completion_ids_NC[rows][mine], roll.mask_NC[rows][mine])
-                loss = loss + distill
-                metrics.update(m)
-            return loss, metrics, aux
+        def loss_of(index: list[int]):
+            micro = batch.select(index)
+            scores = self.train_policy.score(micro.prompt_ids, micro.completion_ids_NC, temperature=ro.temperature,
+                                             need=self.method.train_need(micro),
+                                             routes=micro.routes if replay else None, router_aux=True)
+            return (*self.method.loss(micro, scores, norm), scores.aux_loss)
 
-        metrics = self._accumulate(len(group), loss_of)
-
-        if cfg.student.router_replay:
+        metrics.update(self._accumulate(batch.n, loss_of))
+        if replay:
             # How often the training forward would have routed a token differently from rollout.
-            metrics["router/replay_mismatch"] = self.routers.stats()["mismatch_rate"]
-            self.routers.reset_stats()
+            metrics["router/replay_mismatch"] = self.train_policy.take_replay_mismatch()
         if self._eval_due(self.step + 1):
-            metrics.update(self._expert_load(routes, prompts, roll.mask_NC))
-        metrics.update(self._rl_stats(rewards_BG, roll, hinted))
+            metrics.update(self._expert_load(roll.routes.per_row(), prompts, roll.mask_NC))
+        metrics.update(self._rl_stats(batch, ro.attempts_per_prompt))
         metrics.update(timings)
-        self._log_rollouts(group, attempts, verdicts, hinted)
+        self._log_rollouts(batch)
         return metrics
 
     # ------------------------------------------------------------------ helpers
@@ -259,20 +230,34 @@ class Trainer:
         share = len(batch) // self.world
         return batch[self.rank * share:(self.rank + 1) * share]
 
+    def _normaliser(self, kind: str, mask_NC: torch.Tensor, rows: int) -> float:
+        """The step's loss divisor (rl/losses.py::normaliser), over every rank's rows."""
+        total = dist.sum_over_ranks({"tokens": mask_NC.sum().item(), "rows": rows})
+        return normaliser(kind, int(total["tokens"]), int(total["rows"]), self.cfg.rollout.max_new_tokens)
+
     def _accumulate(self, n_rows: int, loss_of) -> dict[str, float]:
         """One optimizer update over this rank's n_rows, in `deepspeed.gradient_accumulation_steps`
-        micro-batches of consecutive rows: forward + backward each (DeepSpeed scales each loss by
-        1/GA and steps the optimizer at the last). loss_of(row slice) -> (loss, metrics, router aux).
-        Metrics are averaged over micro-batches; times are summed."""
+        micro-batches of consecutive rows: forward + backward each, the optimizer at the last.
+
+        loss_of(row indices) -> (loss, metrics, router aux loss). The loss is that micro-batch's
+        share of the step's objective (sums over the step's one normaliser); DeepSpeed divides each
+        backward by GA and averages gradients over ranks, so the backward is scaled by GA x ranks
+        and the update is the gradient of the objective however the step is split. The router aux
+        loss is a per-forward mean (transformers' definition), averaged over micro-batches.
+        Metrics: loss/* are added up (over micro-batches here, over ranks when logged), time/*
+        summed, the rest averaged."""
         ga = self.cfg.deepspeed.gradient_accumulation_steps
-        size, parts = n_rows // ga, []
+        scale = ga * self.world
+        parts = []
         lr = self.scheduler.get_last_lr()[0]            # the rate this update uses
-        for k in range(ga):
+        for k, index in enumerate(micro_batches(n_rows, ga)):
             start = time.perf_counter()
-            loss, metrics, aux = loss_of(slice(k * size, (k + 1) * size))
+            loss, metrics, aux = loss_of(index)
+            metrics["loss/total"] = loss.item()
+            loss = loss * scale
             if aux is not None and self.cfg.student.router_aux_loss_coef > 0:
                 loss = loss + self.cfg.student.router_aux_loss_coef * aux
-                metrics["loss/router_aux"] = aux.item()
+                metrics["router/aux_loss"] = aux.item()
             metrics["time/forward_s"] = time.perf_counter() - start
             # One verdict for all ranks: a rank that skips backward while others run it would hang them.
             if not dist.all_ranks(bool(torch.isfinite(loss))):
@@ -283,11 +268,11 @@ class Trainer:
             start = time.perf_counter()
             self.engine.step()          # applies the update only at the last micro-batch
             metrics["time/optimizer_s"] = time.perf_counter() - start   # clip + AdamW + schedule
-            metrics["loss/total"] = loss.item()
             parts.append(metrics)
         self.nonfinite_streak = 0
-        out = {k: sum(p[k] for p in parts if k in p) / sum(k in p for p in parts) for k in parts[-1]}
-        out.update({k: sum(p[k] for p in parts) for k in parts[-1] if k.startswith("time/")})
+        keys = set().union(*parts)
+        out = {k: sum(p[k] for p in parts if k in p) / sum(k in p for p in parts) for k in keys}
+        out.update({k: sum(p[k] for p in parts if k in p) for k in keys if k.startswith(("time/", "loss/"))})
         out["train/lr"] = lr
         return out
 
@@ -308,24 +293,12 @@ class Trainer:
         return {**{k: v for k, v in metrics.items() if not k.startswith("loss/")},
                 "train/nonfinite_skipped": 1.0, "train/lr": self.scheduler.get_last_lr()[0]}
 
-    def _distill_term(self, logp_HC, logp_HCV, teacher_HC, teacher_HCV, completion_HC, mask_HC):
-        """coef × KL toward the hinted teacher on H hinted rows; (loss term, metrics)."""
-        m = self.cfg.method
-        if m.distill_span == "first_divergence":
-            mask_HC = span_to_first_divergence(teacher_HCV, completion_HC, mask_HC)
-        if m.distill_estimator == "full":
-            distill, metrics = distill_kl_loss(logp_HCV, teacher_HCV, mask_HC, m.distill_kl)
-        else:
-            distill, metrics = sampled_distill_loss(logp_HC, teacher_HC, mask_HC)
-        metrics["hint/distill_tokens"] = mask_HC.sum().item() / len(mask_HC)
-        return m.distill_coef * distill, metrics
-
     def _expert_load(self, routes, prompts, mask_NC) -> dict[str, float]:
         """Share of routed slots each expert took per layer, over the rollout's real tokens.
 
         Logged at eval steps as expert_load/layer<L>/expert<E> (notebooks/analyze_run.ipynb).
         """
-        _, prompt_mask_NP = left_pad(prompts, self.tok.pad_id)
+        _, prompt_mask_NP = left_pad(prompts, self.tok.pad_id, mask_NC.device)
         real_NS = torch.cat([prompt_mask_NP.bool(), mask_NC], dim=1)
         num_experts, out = self.cfg.student.num_experts, {}
         for layer, ids_NSK in enumerate(routes):
@@ -334,13 +307,16 @@ class Trainer:
             out.update({f"expert_load/layer{layer}/expert{e}": share[e].item() for e in range(num_experts)})
         return out
 
-    def _rl_stats(self, rewards_BG, roll, hinted) -> dict[str, float]:
+    def _rl_stats(self, batch: Batch, group_size: int) -> dict[str, float]:
+        rollout = [i for i, src in enumerate(batch.source) if src == "rollout"]
+        rewards_BG = batch.rewards_N[rollout].view(-1, group_size)
         stats = {
             "train/reward_mean": rewards_BG.mean().item(),
             "train/groups_without_signal": (rewards_BG.std(dim=1) == 0).float().mean().item(),
-            "train/completion_tokens": roll.mask_NC.sum(1).float().mean().item(),
+            "train/completion_tokens": batch.mask_NC[rollout].sum(1).float().mean().item(),
         }
         written, dropped = self.guard.take_counts()
+        hinted = batch.hinted
         if hinted is not None:
             stats["hint/rate"] = len(hinted.rows) / max(1, hinted.requested)
             stats["hint/leak_rate"] = dropped / max(1, written)
@@ -349,7 +325,8 @@ class Trainer:
             stats["hint/teacher_errors"] = hinted.count("teacher_error")
         return stats
 
-    def _log_rollouts(self, group, attempts, verdicts, hinted) -> None:
+    def _log_rollouts(self, batch: Batch) -> None:
+        group, attempts, verdicts, hinted = batch.problems, batch.attempts, batch.verdicts, batch.hinted
         hint_of = dict(zip(hinted.rows, hinted.hints)) if hinted else {}
         n = self.cfg.trainer.log_rollouts
         # The first n attempts, plus up to n more whose teacher reply was malformed (to read why).

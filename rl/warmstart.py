@@ -10,6 +10,8 @@ from __future__ import annotations
 import random
 import string
 
+import torch
+
 from rl.feedback import request_for
 from rl.tasks import Problem, Verdict
 from student.tokenizer import ByteTokenizer
@@ -42,3 +44,13 @@ def demonstrations(problems: list[Problem], teacher: Teacher, guard: LeakGuard, 
     prompts = [tok.render_prompt(p.prompt, hint_of.get(id(p))) for p in problems]
     answers = [tok.render_answer(p.answer) for p in problems]
     return prompts, answers
+
+
+def right_pad(rows: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids_NC, mask_NC) for completions given as lists, e.g. demonstration answers."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+    mask = torch.arange(width)[None, :] < torch.tensor([len(r) for r in rows])[:, None]
+    return ids.to(device), mask.to(device)

@@ -278,9 +278,10 @@ class LeanForward:
     # -- forward -----------------------------------------------------------------------------
     def __call__(self, ids_NS: torch.Tensor, pos_NS: torch.Tensor, bias_N1ST: torch.Tensor, kv: KV, *,
                  logits_from: int | torch.Tensor | None = None, forced: list[torch.Tensor] | None = None,
-                 log: RouteLog | None = None, replay=None) -> torch.Tensor | None:
+                 log: RouteLog | None = None, replay=None, head: bool = True) -> torch.Tensor | None:
         """Logits (N, S - logits_from, V) of positions logits_from.. (an index tensor: of those
-        positions; None: no logits).
+        positions; None: no logits); with head=False the final-normed hidden states there instead
+        (the caller projects them, e.g. in chunks).
 
         bias_N1ST: additive attention bias (0 or -inf) over the T keys the layer attends to (unused
         by a SharedPrefix, which holds its own); every query must see at least one key. forced[l]:
@@ -313,24 +314,28 @@ class LeanForward:
             return None
         x = x[:, logits_from:] if isinstance(logits_from, int) else x[:, logits_from]
         x = self._rms(x, m.norm.weight)
+        return F.linear(x, self.model.lm_head.weight) if head else x
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The vocabulary projection of final-normed hidden states."""
         return F.linear(x, self.model.lm_head.weight)
 
 
 # ---------------------------------------------------------------------- masks
 def prompt_bias(mask_NP: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Causal bias over a left-padded prompt; a padding query sees itself (its output is unused)."""
-    p = mask_NP.size(1)
-    causal = torch.ones(p, p, dtype=torch.bool).tril()
-    see = (causal[None] & mask_NP.bool()[:, None, :]) | torch.eye(p, dtype=torch.bool)[None]
-    return torch.zeros(see.shape, dtype=dtype).masked_fill_(~see, float("-inf"))[:, None]
+    p, dev = mask_NP.size(1), mask_NP.device
+    causal = torch.ones(p, p, dtype=torch.bool, device=dev).tril()
+    see = (causal[None] & mask_NP.bool()[:, None, :]) | torch.eye(p, dtype=torch.bool, device=dev)[None]
+    return torch.zeros(see.shape, dtype=dtype, device=dev).masked_fill_(~see, float("-inf"))[:, None]
 
 
 def continuation_bias(mask_NP: torch.Tensor, s: int, dtype: torch.dtype) -> torch.Tensor:
     """Bias for s new tokens after a left-padded prompt: the prompt's real keys, then causal."""
-    n, p = mask_NP.shape
+    (n, p), dev = mask_NP.shape, mask_NP.device
     see = torch.cat([mask_NP.bool()[:, None, :].expand(n, s, p),
-                     torch.ones(s, s, dtype=torch.bool).tril()[None].expand(n, s, s)], dim=2)
-    return torch.zeros(see.shape, dtype=dtype).masked_fill_(~see, float("-inf"))[:, None]
+                     torch.ones(s, s, dtype=torch.bool, device=dev).tril()[None].expand(n, s, s)], dim=2)
+    return torch.zeros(see.shape, dtype=dtype, device=dev).masked_fill_(~see, float("-inf"))[:, None]
 
 
 def positions(mask: torch.Tensor) -> torch.Tensor:

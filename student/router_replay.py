@@ -62,19 +62,49 @@ class Recording:
         return [torch.cat([x.view(batch_size, -1, x.size(-1)) for x in c], dim=1) for c in self.chunks]
 
 
-class RouterReplay:
+class MismatchCounter:
+    """Counts forced routing slots, and those the router would not have picked itself, per layer
+    (on the device of the ids: no host sync per layer)."""
+
+    def __init__(self, num_layers: int, top_k: int):
+        self.num_layers, self.top_k = num_layers, top_k
+        self.reset_stats()
+
+    def count(self, layer: int, forced_NK: torch.Tensor, own_NK: torch.Tensor,
+              forced_N: torch.Tensor | None = None) -> None:
+        """Add one forward's forced slots (rows forced_N, default all) to the counters."""
+        with torch.no_grad():
+            if self._slots.device != forced_NK.device:
+                self._slots, self._mismatched = self._slots.to(forced_NK.device), self._mismatched.to(forced_NK.device)
+            hit_NK = (forced_NK[:, :, None] == own_NK[:, None, :]).any(-1)
+            if forced_N is None:
+                self._slots[layer] += forced_NK.numel()
+                self._mismatched[layer] += (~hit_NK).sum()
+            else:
+                self._slots[layer] += forced_N.sum() * self.top_k
+                self._mismatched[layer] += (~hit_NK & forced_N[:, None]).sum()
+
+    def stats(self) -> dict:
+        slots, mism = int(self._slots.sum()), int(self._mismatched.sum())
+        return {"slots": slots, "mismatched": mism, "mismatch_rate": mism / slots if slots else 0.0,
+                "per_layer": [(int(s), int(m)) for s, m in zip(self._slots.tolist(), self._mismatched.tolist())]}
+
+    def reset_stats(self) -> None:
+        self._slots = torch.zeros(self.num_layers, dtype=torch.long)
+        self._mismatched = torch.zeros(self.num_layers, dtype=torch.long)
+
+
+class RouterReplay(MismatchCounter):
     def __init__(self, model: torch.nn.Module):
         routers = find_routers(model)
         if not routers:
             raise ValueError(f"{type(model).__name__} has no top-k router modules to hook")
         self.names = [n for n, _ in routers]
         self.kinds = [router_kind(r) for _, r in routers]
-        self.top_k = int(routers[0][1].top_k)
-        self.num_layers = len(routers)
+        super().__init__(len(routers), int(routers[0][1].top_k))
         self._mode = "off"
         self._recording: Recording | None = None
         self._routes: list[torch.Tensor] | None = None
-        self.reset_stats()
         self._handles = [r.register_forward_hook(self._make_hook(i, r)) for i, (_, r) in enumerate(routers)]
 
     # -- public API ----------------------------------------------------------------------------
@@ -97,30 +127,6 @@ class RouterReplay:
             yield self
         finally:
             self._mode, self._routes = "off", None
-
-    def stats(self) -> dict:
-        slots, mism = int(self._slots.sum()), int(self._mismatched.sum())
-        return {"slots": slots, "mismatched": mism, "mismatch_rate": mism / slots if slots else 0.0,
-                "per_layer": [(int(s), int(m)) for s, m in zip(self._slots.tolist(), self._mismatched.tolist())]}
-
-    def count(self, layer: int, forced_NK: torch.Tensor, own_NK: torch.Tensor,
-              forced_N: torch.Tensor | None = None) -> None:
-        """Add one forward's forced slots, and those the router would not have picked itself, to
-        the counters (also called by student.lean, which routes without hooks)."""
-        with torch.no_grad():  # counters stay on the device: no host sync per layer
-            if self._slots.device != forced_NK.device:
-                self._slots, self._mismatched = self._slots.to(forced_NK.device), self._mismatched.to(forced_NK.device)
-            hit_NK = (forced_NK[:, :, None] == own_NK[:, None, :]).any(-1)
-            if forced_N is None:
-                self._slots[layer] += forced_NK.numel()
-                self._mismatched[layer] += (~hit_NK).sum()
-            else:
-                self._slots[layer] += forced_N.sum() * self.top_k
-                self._mismatched[layer] += (~hit_NK & forced_N[:, None]).sum()
-
-    def reset_stats(self) -> None:
-        self._slots = torch.zeros(self.num_layers, dtype=torch.long)
-        self._mismatched = torch.zeros(self.num_layers, dtype=torch.long)
 
     def remove(self) -> None:
         for h in self._handles:

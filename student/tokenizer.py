@@ -26,6 +26,11 @@ class ByteTokenizer:
     def vocab_size(self) -> int:
         return 261
 
+    @property
+    def never_sampled(self) -> tuple[int, ...]:
+        """Special ids a policy must never emit: only <eos> (which ends an answer) may be sampled."""
+        return (self.pad_id, self.bos_id, self.hint_id, self.assistant_id)
+
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 

@@ -5,10 +5,11 @@ import random
 import pytest
 import torch
 
-from rl.rollout import generate, score, score_shared_prompts
 from student import ByteTokenizer, StudentConfig, build_student
+from student.hf_policy import HFPolicy
 from student.lean import FAMILIES, LeanForward, unsupported
-from student.router_replay import RouterReplay
+from student.lean_policy import LeanPolicy
+from student.policy import Sampling
 
 TOK = ByteTokenizer()
 
@@ -25,25 +26,29 @@ def grouped_prompts(groups=3, size=4):
     return [p for p in base for _ in range(size)]
 
 
-def gen(model, prompts, lean=None, **kw):
+def pair(model):
+    """transformers' forward and the lean forward over the same module."""
+    common = dict(pad_id=TOK.pad_id, banned_ids=TOK.never_sampled)
+    return HFPolicy(model, **common), LeanPolicy(model, **common)
+
+
+def gen(policy, prompts, **kw):
     torch.manual_seed(1)
-    return generate(model, prompts, max_new_tokens=8, eos_id=TOK.eos_id, pad_id=TOK.pad_id, lean=lean, **kw)
+    return policy.generate(prompts, Sampling(max_new_tokens=8, eos_id=TOK.eos_id, pad_id=TOK.pad_id, **kw))
 
 
 @pytest.mark.parametrize("arch", sorted(FAMILIES))
 def test_generation_and_routes_equal_transformers(arch):
     model = model_of(arch).eval()
-    lean, replay, prompts = LeanForward(model), RouterReplay(model), grouped_prompts()
-    with replay.record() as rec:
-        ref = gen(model, prompts)
-    out = gen(model, prompts, lean)
+    (hf, lean), prompts = pair(model), grouped_prompts()
+    ref, out = gen(hf, prompts), gen(lean, prompts)
     assert torch.equal(ref.completion_ids_NC, out.completion_ids_NC)
     torch.testing.assert_close(ref.logprobs_NC, out.logprobs_NC, atol=1e-5, rtol=0)
-    for a, b in zip(rec.routes(batch_size=len(prompts)), out.routes.per_row()):
+    for a, b in zip(ref.routes.per_row(), out.routes.per_row()):
         assert torch.equal(a, b)
     assert len(out.routes.prompt[0]) == 3                       # each distinct prompt prefilled once
-    assert torch.equal(gen(model, prompts[::4], greedy=True).completion_ids_NC,
-                       gen(model, prompts[::4], lean, greedy=True).completion_ids_NC)
+    assert torch.equal(gen(hf, prompts[::4], greedy=True).completion_ids_NC,
+                       gen(lean, prompts[::4], greedy=True).completion_ids_NC)
 
 
 @pytest.mark.parametrize("arch", sorted(FAMILIES))
@@ -51,13 +56,15 @@ def test_generation_and_routes_equal_transformers(arch):
 def test_scoring_aux_loss_and_gradients_equal_transformers(arch, shared):
     model = model_of(arch)
     prompts = grouped_prompts() if shared else [TOK.render_prompt(f"{i} - 3") for i in range(12)]
-    completion = gen(model.eval(), prompts).completion_ids_NC
+    policies = pair(model)
+    completion = gen(policies[0], prompts).completion_ids_NC
     results = []
-    for lean in (None, LeanForward(model)):
+    for policy in policies:
         model.zero_grad()
-        logp, logp_full, aux = score(model, prompts, completion, pad_id=TOK.pad_id, full=True,
-                                     router_logits=True, lean=lean)
-        (logp.sum() + logp_full.exp().mul(logp_full).sum() + 10 * aux).backward()
+        s = policy.score(prompts, completion, need="full", router_aux=True)
+        logp, logp_full, aux = s.logprobs_NC, s.logp_NCV, s.aux_loss
+        finite = torch.isfinite(logp_full)
+        (logp.sum() + logp_full.exp().mul(logp_full.where(finite, 0)).sum() + 10 * aux).backward()
         results.append((logp, logp_full, aux, {n: p.grad.clone() for n, p in model.named_parameters()
                                                if p.grad is not None}))
     (a, av, aux_a, ga), (b, bv, aux_b, gb) = results
@@ -67,33 +74,33 @@ def test_scoring_aux_loss_and_gradients_equal_transformers(arch, shared):
     assert set(ga) == set(gb) and len(ga) > 10                  # every weight, router and embeddings too
     for name in ga:
         torch.testing.assert_close(ga[name], gb[name], atol=1e-4, rtol=1e-4, msg=name)
-    torch.testing.assert_close(score_shared_prompts(model, prompts, completion, pad_id=TOK.pad_id)[1],
-                               score_shared_prompts(model, prompts, completion, pad_id=TOK.pad_id,
-                                                    lean=LeanForward(model))[1], atol=2e-5, rtol=0)
+    with torch.no_grad():          # the no-gradient paths (chunked projection) agree too
+        plain = [p.score(prompts, completion, need="full").logp_NCV for p in policies]
+    torch.testing.assert_close(plain[0], plain[1], atol=2e-5, rtol=0)
+    torch.testing.assert_close(plain[0], av.detach(), atol=2e-5, rtol=0)
 
 
 def test_replayed_routes_force_the_experts_and_count_mismatches():
     model = model_of("qwen3_moe").eval()
-    lean, replay, prompts = LeanForward(model), RouterReplay(model), grouped_prompts()
-    roll = gen(model, prompts, lean)
-    with replay.replay(roll.routes.per_row()):
-        ref, _, _ = score(model, prompts, roll.completion_ids_NC, pad_id=TOK.pad_id)
-    replay.reset_stats()
-    got, _, _ = score(model, prompts, roll.completion_ids_NC, pad_id=TOK.pad_id, lean=lean, routes=roll.routes,
-                      replay=replay)
-    torch.testing.assert_close(ref, got, atol=2e-5, rtol=0)
-    assert replay.stats()["slots"] > 0 and replay.stats()["mismatched"] == 0
-    # A row slice (a gradient-accumulation micro-batch) gets its own routes.
-    part, _, _ = score(model, prompts[4:10], roll.completion_ids_NC[4:10], pad_id=TOK.pad_id, lean=lean,
-                       routes=roll.routes.select(slice(4, 10)))
-    torch.testing.assert_close(part, got[4:10], atol=1e-6, rtol=0)
-    # Other routes change the result, and the counter sees them.
-    other = roll.routes.select(slice(0, 12))
-    other.completion = [(r + 1) % 4 for r in roll.routes.completion]
-    replay.reset_stats()
-    moved, _, _ = score(model, prompts, roll.completion_ids_NC, pad_id=TOK.pad_id, lean=lean, routes=other,
-                        replay=replay)
-    assert (moved - got).abs().max() > 1e-3 and replay.stats()["mismatched"] > 0
+    (hf, lean), prompts = pair(model), grouped_prompts()
+    roll = gen(lean, prompts)
+    ids = roll.completion_ids_NC
+    with torch.no_grad():
+        ref = hf.score(prompts, ids, routes=roll.routes).logprobs_NC
+        assert hf.take_replay_mismatch() == 0.0
+        got = lean.score(prompts, ids, routes=roll.routes).logprobs_NC
+        torch.testing.assert_close(ref, got, atol=2e-5, rtol=0)
+        assert lean.replay.stats()["slots"] > 0 and lean.take_replay_mismatch() == 0.0
+        # A row subset (a gradient-accumulation micro-batch) gets its own routes, on both paths.
+        for policy in (hf, lean):
+            part = policy.score(prompts[4:10], ids[4:10], routes=roll.routes.select(slice(4, 10))).logprobs_NC
+            torch.testing.assert_close(part, got[4:10], atol=2e-5, rtol=0)
+        # Other routes change the result, and the counters see them.
+        other = roll.routes.select(slice(0, 12))
+        other.completion = [(r + 1) % 4 for r in roll.routes.completion]
+        for policy in (hf, lean):
+            moved = policy.score(prompts, ids, routes=other).logprobs_NC
+            assert (moved - got)[roll.mask_NC].abs().max() > 1e-3 and policy.take_replay_mismatch() > 0
 
 
 @pytest.mark.parametrize("arch", ["qwen2_moe", "olmoe"])

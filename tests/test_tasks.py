@@ -44,3 +44,15 @@ def test_other_reasoning_gym_tasks_work_by_name():
     assert tasks.verify(p, p.answer).reward == 1.0
     with pytest.raises(ValueError, match="task.render=question"):
         render_prompt({"question": "q", "metadata": {"source_dataset": "x"}}, "expression")
+
+
+def test_binary_reward_pays_only_fully_correct_answers():
+    """reasoning-gym gives an attempt that contains the answer partial credit (0.75 for -280
+    against -28); binary (the default) pays it nothing, partial keeps the verifier's score."""
+    binary = TaskSource(TaskConfig(config=SMALL_SPACE, render="expression"), seed=0)
+    partial = TaskSource(TaskConfig(config=SMALL_SPACE, render="expression", reward="partial"), seed=0)
+    p = binary.next_batch(1)[0]
+    contains = p.answer + "0"
+    assert 0.0 < partial.verify(p, contains).reward < 1.0
+    assert binary.verify(p, contains).reward == 0.0
+    assert binary.verify(p, p.answer).reward == partial.verify(p, p.answer).reward == 1.0

@@ -1,0 +1,87 @@
+"""The batch record of one RL step: every row the update trains on, and what each method attached.
+
+A row is one (prompt, completion) pair with its sampling log-probs, reward, advantage, a weight on
+its policy-gradient term and where it came from (`source`: "rollout", or a method's own rows).
+`group_N` says which prompt group a row belongs to, so advantages can be taken over groups that a
+method has grown. Teacher targets are attached per row subset (`RowTargets`), and `select` cuts
+the whole record down to the rows of one gradient-accumulation micro-batch.
+
+Shapes: N rows, C completion tokens, B prompt groups.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+import torch
+
+from student.policy import Routes, Scores
+
+
+@dataclass
+class RowTargets:
+    """Teacher scores for some rows of the batch: rows[h] is the batch row of scores[h]."""
+    rows: list[int]
+    scores: Scores
+    extra: dict[str, Any] = field(default_factory=dict)    # per-target lists, aligned with rows
+
+    def select(self, index: list[int]) -> "RowTargets":
+        """The targets of the batch rows `index`, renumbered to their positions in it."""
+        where = {row: i for i, row in enumerate(index)}
+        keep = [h for h, row in enumerate(self.rows) if row in where]
+        pick = torch.tensor(keep, dtype=torch.long)
+        scores = Scores(**{f.name: None if getattr(self.scores, f.name) is None or f.name == "aux_loss"
+                           else getattr(self.scores, f.name)[pick.to(getattr(self.scores, f.name).device)]
+                           for f in fields(Scores)})
+        return RowTargets([where[self.rows[h]] for h in keep], scores,
+                          {k: [v[h] for h in keep] for k, v in self.extra.items()})
+
+
+@dataclass
+class Batch:
+    problems: list                       # rl.tasks.Problem per row
+    prompt_ids: list[list[int]]          # the context each row is trained in (never a hint)
+    completion_ids_NC: torch.Tensor
+    mask_NC: torch.Tensor                # real completion tokens
+    old_logprobs_NC: torch.Tensor        # under the distribution that sampled them
+    routes: Routes                       # experts picked when they were sampled
+    attempts: list[str]
+    verdicts: list                       # rl.tasks.Verdict per row
+    rewards_N: torch.Tensor
+    group_N: torch.Tensor                # long: the prompt group of each row
+    source: list[str]                    # "rollout", or the name of the method stage that added the row
+    advantages_N: torch.Tensor | None = None
+    weight_N: torch.Tensor | None = None            # per-row weight on the policy-gradient term
+    targets: dict[str, RowTargets] = field(default_factory=dict)
+    hinted: Any = None                   # rl.feedback.HintedRows of the step, if a teacher was asked
+
+    def __post_init__(self):
+        if self.weight_N is None:
+            self.weight_N = torch.ones(len(self.prompt_ids), device=self.completion_ids_NC.device)
+
+    @property
+    def n(self) -> int:
+        return len(self.prompt_ids)
+
+    def select(self, index: list[int]) -> "Batch":
+        """The rows `index` (in that order) as a batch of their own, targets renumbered."""
+        idx = torch.tensor(index, dtype=torch.long, device=self.completion_ids_NC.device)
+
+        def rows(x):
+            if x is None:
+                return None
+            return x[idx] if isinstance(x, torch.Tensor) else [x[i] for i in index]
+
+        return replace(self, problems=rows(self.problems), prompt_ids=rows(self.prompt_ids),
+                       completion_ids_NC=rows(self.completion_ids_NC), mask_NC=rows(self.mask_NC),
+                       old_logprobs_NC=rows(self.old_logprobs_NC), routes=self.routes.select(index),
+                       attempts=rows(self.attempts), verdicts=rows(self.verdicts), rewards_N=rows(self.rewards_N),
+                       group_N=rows(self.group_N), source=rows(self.source),
+                       advantages_N=rows(self.advantages_N), weight_N=rows(self.weight_N),
+                       targets={k: t.select(index) for k, t in self.targets.items()})
+
+
+def micro_batches(n_rows: int, parts: int) -> list[list[int]]:
+    """Consecutive row ranges of (near) equal size, one per gradient-accumulation micro-batch."""
+    bounds = [round(i * n_rows / parts) for i in range(parts + 1)]
+    return [list(range(bounds[i], bounds[i + 1])) for i in range(parts)]
