@@ -164,7 +164,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ one RL step
     def rl_step(self) -> dict[str, float]:
-        cfg, tok, ro = self.cfg, self.tok, self.cfg.rollout
         timings: dict[str, float] = {}
         clock = time.perf_counter()
 
@@ -174,6 +173,18 @@ class Trainer:
             timings[f"time/{name}_s"] = now - clock
             clock = now
 
+        batch, metrics = self.collect(lap)
+        metrics.update(self.update(batch))
+        if self._eval_due(self.step + 1):
+            metrics.update(self._expert_load(batch))
+        metrics.update(self._rl_stats(batch, self.cfg.rollout.attempts_per_prompt))
+        metrics.update(timings)
+        self._log_rollouts(batch)
+        return metrics
+
+    def collect(self, lap=lambda name: None) -> tuple[Batch, dict[str, float]]:
+        """The step's batch: rollout, verification, advantages, then the method's own stages."""
+        cfg, tok, ro = self.cfg, self.tok, self.cfg.rollout
         # 1. rollout: G attempts per problem, with the sampling distribution's log-probs and routes
         problems = self._my_slice(self.tasks.next_batch(ro.prompts_per_step))
         self.tasks.assert_disjoint(problems)
@@ -199,29 +210,28 @@ class Trainer:
 
         # 4. the method's own stages (hints, teacher scores, extra rows)
         ctx = StepContext(self.policy, self.teacher, self.guard, tok, self.tasks, cfg, lap)
-        metrics = self.method.extend(batch, ctx)
+        return batch, self.method.extend(batch, ctx)
 
-        # 5. loss and 6. DeepSpeed step, per gradient-accumulation micro-batch, one normaliser for all
+    def update(self, batch: Batch) -> dict[str, float]:
+        """One optimizer update on the batch: per gradient-accumulation micro-batch, the training
+        forward (what the method needs, the rollout's routes replayed), the method's loss terms over
+        the step's one normaliser, backward; the optimizer step after the last."""
+        cfg = self.cfg
         norm = self._normaliser(cfg.method.loss_norm, batch.mask_NC, batch.n)
         replay = cfg.student.router_replay
         self.engine.train()
 
         def loss_of(index: list[int]):
             micro = batch.select(index)
-            scores = self.train_policy.score(micro.prompt_ids, micro.completion_ids_NC, temperature=ro.temperature,
-                                             need=self.method.train_need(micro),
+            scores = self.train_policy.score(micro.prompt_ids, micro.completion_ids_NC,
+                                             temperature=cfg.rollout.temperature, need=self.method.train_need(micro),
                                              routes=micro.routes if replay else None, router_aux=True)
             return (*self.method.loss(micro, scores, norm), scores.aux_loss)
 
-        metrics.update(self._accumulate(batch.n, loss_of))
+        metrics = self._accumulate(batch.n, loss_of)
         if replay:
             # How often the training forward would have routed a token differently from rollout.
             metrics["router/replay_mismatch"] = self.train_policy.take_replay_mismatch()
-        if self._eval_due(self.step + 1):
-            metrics.update(self._expert_load(roll.routes.per_row(), prompts, roll.mask_NC))
-        metrics.update(self._rl_stats(batch, ro.attempts_per_prompt))
-        metrics.update(timings)
-        self._log_rollouts(batch)
         return metrics
 
     # ------------------------------------------------------------------ helpers
@@ -293,15 +303,15 @@ class Trainer:
         return {**{k: v for k, v in metrics.items() if not k.startswith("loss/")},
                 "train/nonfinite_skipped": 1.0, "train/lr": self.scheduler.get_last_lr()[0]}
 
-    def _expert_load(self, routes, prompts, mask_NC) -> dict[str, float]:
+    def _expert_load(self, batch: Batch) -> dict[str, float]:
         """Share of routed slots each expert took per layer, over the rollout's real tokens.
 
         Logged at eval steps as expert_load/layer<L>/expert<E> (notebooks/analyze_run.ipynb).
         """
-        _, prompt_mask_NP = left_pad(prompts, self.tok.pad_id, mask_NC.device)
-        real_NS = torch.cat([prompt_mask_NP.bool(), mask_NC], dim=1)
+        _, prompt_mask_NP = left_pad(batch.prompt_ids, self.tok.pad_id, batch.mask_NC.device)
+        real_NS = torch.cat([prompt_mask_NP.bool(), batch.mask_NC], dim=1)
         num_experts, out = self.cfg.student.num_experts, {}
-        for layer, ids_NSK in enumerate(routes):
+        for layer, ids_NSK in enumerate(batch.routes.per_row()):
             ids = ids_NSK[real_NS[:, :ids_NSK.shape[1]]].flatten()
             share = torch.bincount(ids, minlength=num_experts).float() / max(1, ids.numel())
             out.update({f"expert_load/layer{layer}/expert{e}": share[e].item() for e in range(num_experts)})

@@ -56,7 +56,8 @@ class LeanPolicy:
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> Rollout:
         with torch.inference_mode(), self.lean.frozen():
-            return _usable_outside(self._generate(prompts, sampling))
+            roll = self._generate(prompts, sampling)
+        return _usable_outside(roll)
 
     def _generate(self, prompt_ids, sampling: Sampling) -> Rollout:
         lean, dev, dtype = self.lean, self.device, self.dtype
@@ -97,7 +98,8 @@ class LeanPolicy:
         if torch.is_grad_enabled():
             return self._score(prompts, completion_NC, temperature, need, k, routes, router_aux)
         with torch.inference_mode():
-            return _usable_outside(self._score(prompts, completion_NC, temperature, need, k, routes, router_aux))
+            scores = self._score(prompts, completion_NC, temperature, need, k, routes, router_aux)
+        return _usable_outside(scores)
 
     def _score(self, prompt_ids, completion_NC, temperature, need, k, routes, router_aux) -> Scores:
         lean, dev = self.lean, self.device

@@ -153,15 +153,17 @@ class Distribution:
 
     def __init__(self, banned_ids: tuple[int, ...] = ()):
         self.banned_ids = tuple(banned_ids)
-        self._banned: dict[torch.device, torch.Tensor] = {}
+        self._banned: dict[tuple, torch.Tensor] = {}
 
     def log_softmax(self, logits_XV: torch.Tensor, temperature: float) -> torch.Tensor:
         z = logits_XV.float() / temperature
         if self.banned_ids:
-            dev = z.device
-            if dev not in self._banned:
-                self._banned[dev] = torch.tensor(self.banned_ids, dtype=torch.long, device=dev)
-            z = z.index_fill(-1, self._banned[dev], float("-inf"))
+            # one index tensor per device, and apart for inference mode (its tensors cannot be
+            # saved for a backward outside it)
+            key = (z.device, torch.is_inference_mode_enabled())
+            if key not in self._banned:
+                self._banned[key] = torch.tensor(self.banned_ids, dtype=torch.long, device=z.device)
+            z = z.index_fill(-1, self._banned[key], float("-inf"))
         return F.log_softmax(z, dim=-1)
 
     def sample(self, logits_NV, done_N, sampling: Sampling) -> tuple[torch.Tensor, torch.Tensor]:
