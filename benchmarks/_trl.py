@@ -93,7 +93,8 @@ def _dataset(problems):
 
 def _reward_fn(problems, verifier):
     def reasoning_gym_score(prompts, completions, index, **_):
-        return [float(verifier.score_answer(c, problems[i].entry)) for c, i in zip(completions, index)]
+        # binary, as our trainer's task.reward default: 1 only for a fully correct answer
+        return [float(verifier.score_answer(c, problems[i].entry) >= 1.0) for c, i in zip(completions, index)]
     return reasoning_gym_score
 
 

@@ -31,7 +31,7 @@ class RolloutModel:
             # ZeRO-3 then sample exactly what ZeRO-0 samples on the same seed.
             with torch.random.fork_rng(devices=[]):
                 self.module = build_full_model()
-            self.module.requires_grad_(False)
+            self.module.requires_grad_(False).to(engine.device)     # beside the engine: CPU here, a GPU there
         else:
             self.module = engine.module
         self._synced_at = -1

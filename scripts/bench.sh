@@ -6,6 +6,8 @@
 #         (python -m benchmarks.rl --help: --steps, --contenders for quick checks); writes
 #         benchmarks/results/rl-cpu.{json,md} and the table in benchmarks/README.md.
 #         Installs the `bench` extra (TRL) on first use, keeping torch/transformers/deepspeed as installed.
+#   scoring_memory  peak memory of one hinted teacher-scoring pass at vocabulary 151,936 per `need`
+#         (python -m benchmarks.scoring_memory --help); writes benchmarks/results/scoring-memory-cpu.{json,md}
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/bootstrap.sh"
 cd "$HINTRL_ROOT"
@@ -13,6 +15,7 @@ name="${1:-}"
 shift || true
 case "$name" in
   moe) exec python -m benchmarks.moe "$@" ;;
+  scoring_memory) exec python -m benchmarks.scoring_memory "$@" ;;
   rl)
     if ! python -c "import trl" 2>/dev/null; then
       read -r -a reqs <<<"$(python - <<'PY'
@@ -27,5 +30,5 @@ PY
       python -m pip install -q "${reqs[@]}"
     fi
     exec python -m benchmarks.rl "$@" ;;
-  *) echo "usage: scripts/bench.sh <benchmark> [args...]; valid benchmarks: moe, rl" >&2; exit 2 ;;
+  *) echo "usage: scripts/bench.sh <benchmark> [args...]; valid benchmarks: moe, rl, scoring_memory" >&2; exit 2 ;;
 esac

@@ -26,6 +26,9 @@ if [ ! -f "$VENV/.hintrl-installed" ] || [ -n "$(find "$HINTRL_ROOT/setup.py" "$
   touch "$VENV/.hintrl-installed"
 fi
 export PATH="$VENV/bin:$PATH"
-# DeepSpeed on CPU: pick its CPU accelerator, and never JIT-compile ops at start-up.
-export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"
+# No GPU visible: DeepSpeed's CPU accelerator (it would otherwise probe for one and may JIT-compile
+# ops at start-up). With a GPU, DeepSpeed picks CUDA itself and the trainer follows the engine's device.
+if [ -z "${DS_ACCELERATOR:-}" ] && ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q GPU; }; then
+  export DS_ACCELERATOR=cpu
+fi
 export TOKENIZERS_PARALLELISM=false

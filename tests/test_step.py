@@ -76,3 +76,74 @@ def test_a_per_micro_batch_mean_would_have_differed():
     assert torch.allclose(whole, grad(micro_batches(n, 4), total))
     per_micro = grad(micro_batches(n, 4), own) / 4             # DeepSpeed's 1/GA on each micro-batch
     assert not torch.allclose(whole, per_micro)
+
+
+# -- one rank and two ranks: the same update on the same global batch ----------------------------
+def _fixed_batch(trainer):
+    """A global batch every rank builds identically: the first RL problems, sampled from one seed,
+    random advantages (a fresh student solves nothing), the method's stages on top."""
+    from rl.batch import Batch
+    from rl.methods import StepContext
+
+    cfg, tok, ro = trainer.cfg, trainer.tok, trainer.cfg.rollout
+    problems = trainer.tasks.next_batch(ro.prompts_per_step)
+    group = [p for p in problems for _ in range(ro.attempts_per_prompt)]
+    prompts = [tok.render_prompt(p.prompt) for p in group]
+    torch.manual_seed(0)
+    roll = trainer.policy.generate(prompts, trainer.sampling)
+    attempts = [tok.decode(r.tolist()) for r in roll.completion_ids_NC]
+    verdicts = [trainer.tasks.verify(p, a) for p, a in zip(group, attempts)]
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, roll.mask_NC.size(1) + 1, (len(group),), generator=gen)
+    batch = Batch(problems=group, prompt_ids=prompts, completion_ids_NC=roll.completion_ids_NC,
+                  mask_NC=roll.mask_NC & (torch.arange(roll.mask_NC.size(1))[None] < lengths[:, None]),
+                  old_logprobs_NC=roll.logprobs_NC, routes=roll.routes, attempts=attempts, verdicts=verdicts,
+                  rewards_N=torch.zeros(len(group)), group_N=torch.arange(len(problems)).repeat_interleave(
+                      ro.attempts_per_prompt), source=["rollout"] * len(group),
+                  advantages_N=torch.randn(len(group), generator=gen))
+    trainer.method.extend(batch, StepContext(trainer.policy, trainer.teacher, trainer.guard, tok, trainer.tasks,
+                                             cfg, lambda name: None))
+    return batch
+
+
+def _update_and_save(out_dir: str, ranks: int) -> None:
+    """Runs in every rank: one update on this rank's half of the fixed batch; rank 0 saves the weights."""
+    from pathlib import Path
+
+    from rl import distributed as dist
+
+    trainer = _trainer(Path(out_dir) / f"r{ranks}", 1, "method.name=hint_distill",
+                       f"launcher.nproc_per_node={ranks}")
+    batch = _fixed_batch(trainer)
+    share = batch.n // trainer.world
+    metrics = trainer.update(batch.select(list(range(trainer.rank * share, (trainer.rank + 1) * share))))
+    loss = dist.sum_over_ranks({"loss": metrics["loss/total"]})["loss"]      # each rank's share of the objective
+    if trainer.rank == 0:
+        torch.save({"params": [p.detach() for p in trainer.model.parameters()], "loss": loss},
+                   Path(out_dir) / f"ranks{ranks}.pt")
+
+
+@pytest.mark.slow
+def test_one_and_two_ranks_give_the_same_update(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from rl.distributed import free_port
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}")
+    for ranks in (1, 2):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
+               "--master_port", str(free_port()), __file__, str(tmp_path), str(ranks)]
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    one, two = torch.load(tmp_path / "ranks1.pt"), torch.load(tmp_path / "ranks2.pt")
+    assert one["loss"] == pytest.approx(two["loss"], rel=1e-5)
+    for a, b in zip(one["params"], two["params"]):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-5)
+
+
+if __name__ == "__main__":
+    import sys
+    _update_and_save(sys.argv[1], int(sys.argv[2]))

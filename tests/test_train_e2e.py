@@ -37,7 +37,8 @@ def test_short_run_writes_a_complete_run_folder(tmp_path, tiny_overrides, method
     assert "loss/sft" in metrics[1] and "loss/pg" in metrics[-1]
     assert {"eval/accuracy", "eval/accuracy_hinted"} <= set(metrics[-1])
     assert "train/reward_mean" in metrics[-1]
-    assert 0.0 <= metrics[-1]["router/replay_mismatch"] <= 1.0      # router replay is on by default
+    # router replay is on by default; the training forward routes as the rollout did (same weights)
+    assert all(m["router/replay_mismatch"] < 0.01 for m in metrics[4:])
     load = [v for k, v in metrics[-1].items() if k.startswith("expert_load/layer0/")]
     assert len(load) == 4 and abs(sum(load) - 1.0) < 1e-5              # logged at eval steps
     assert not any(k.startswith("expert_load/") for k in metrics[5])    # step 5: no eval
@@ -114,8 +115,8 @@ def test_gradient_accumulation_is_one_update_per_step(tmp_path, tiny_overrides):
     two, m2 = run(2)
     assert two.engine.global_steps == one.engine.global_steps == 7      # 3 warm-start + 4 RL updates
     assert [m["train/lr"] for m in m2[1:]] == [m["train/lr"] for m in m1[1:]]
-    # Same data, same first weights: the first loss is the mean of two half-batch means.
-    assert abs(m2[1]["loss/sft"] - m1[1]["loss/sft"]) < 0.05
+    # Same data, same first weights, one normaliser for the step: the same first loss.
+    assert abs(m2[1]["loss/sft"] - m1[1]["loss/sft"]) < 1e-5
     assert all("loss/pg" in m for m in m2[4:])
     # Micro-batches are padded to their own prompt width; replayed routes must still line up.
     assert max(m["router/replay_mismatch"] for m in m2[4:]) < 0.01
