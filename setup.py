@@ -2,7 +2,7 @@
 
 The distribution is named `hintrl`; its import packages are `rl`, `teacher`, `student` and
 `kernels` (the design card's layout). Hugging Face ships an unrelated `kernels` package, which is
-why the distribution name is not `kernels` (see tests/test_packaging.py).
+why the distribution name is not `kernels` (see tests/test_kernels_name_clash.py).
 """
 import os
 import shutil
@@ -44,7 +44,7 @@ setup(
     install_requires=[
         "torch>=2.13,<=2.14.1",
         "deepspeed>=0.19,<0.20",
-        "transformers>=5.0",
+        "transformers>=5.24,<5.25",  # tested minor: student/lean.py reads internals (tests/test_transformers_contract.py)
         "numpy",
         "tensorboard",
         "omegaconf>=2.3",

@@ -1,6 +1,6 @@
 """RL step-throughput benchmark: `python -m benchmarks.rl` (or `scripts/bench.sh rl`).
 
-One workload for every contender (issue 7): a randomly initialised Qwen3-MoE causal LM (hidden
+One workload for every contender: a randomly initialised Qwen3-MoE causal LM (hidden
 128, 4 layers, 4 heads / 2 KV heads, 8 experts top-2, expert width 256, fp32), the byte-level
 tokenizer, reasoning-gym `basic_arithmetic` with two one-digit terms and `+`/`-` scored by its own
 verifier, 8 prompts x 8 samples per step, at most 16 new tokens, 20 optimizer steps, CPU, 2
@@ -280,7 +280,7 @@ def markdown(meta: dict, rows: dict) -> str:
         cells = [f"{stages[s]:.3f}" for s in STAGES] if stages else ["-"] * len(STAGES)
         lines.append(f"| {name} | {r['median_step_s']:.3f} | {ratio} | {r['median_cpu_s']:.3f} | {r['tokens_per_s']:.0f} | "
                      f"{r['peak_rss_mib']:.0f} | " + " | ".join(cells) + " |")
-    lines += ["", "Targets (issue 7): " + "; ".join(
+    lines += ["", "Targets: " + "; ".join(
         f"{k} = {t['value']:.2f} (target {t['target']})" for k, t in meta["targets"].items())]
     return "\n".join(lines) + "\n"
 

@@ -15,17 +15,12 @@ order of collectives.
 from __future__ import annotations
 
 import os
-import socket
 import warnings
 from typing import Callable
 
 import torch
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from rl.distributed import free_port
 
 
 def init_distributed() -> None:
@@ -37,10 +32,10 @@ def init_distributed() -> None:
         # Not started by a launcher: a one-rank group on a free loopback port, so that several
         # runs (or a run and the tests) can share a machine.
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(_free_port()))
+                          MASTER_PORT=str(free_port()))
     accel = get_accelerator()
     if accel.device_name() == "cpu":
-        # DeepSpeed JIT-compiles a shared-memory all-reduce op (75-115 s) on CPU at first init;
+        # DeepSpeed JIT-compiles a shared-memory all-reduce op (minutes) on CPU at first init;
         # gloo serves our ranks well, so mark that op unavailable instead of paying for it.
         builder = accel.create_op_builder("ShareMemCommBuilder")
         if builder is not None:
@@ -95,15 +90,46 @@ def moe_block_types(model: torch.nn.Module) -> list[type]:
 
 
 def call_through(engine, fn):
-    """fn() run as `engine`'s forward: DeepSpeed hooks the outputs of its forward for the backward
-    (ZeRO's gradient bookkeeping), so a forward computed outside the module's own `forward` (the
-    lean forward, student/lean.py) goes through here."""
+    """fn() run as `engine`'s forward, for a forward computed outside the module's own `forward`
+    (the lean forward, student/lean.py, at ZeRO 0-2 without expert parallelism).
+
+    Why not fn() alone: DeepSpeed's `DeepSpeedEngine.forward` (0.19) does more than call
+    `self.module(...)`: it resets the ZeRO optimizer's per-step backward counters
+    (`clear_backward_seen_flag`), runs the module under its autocast setting, runs the module's
+    forward pre/post hooks it registered (timers, profiler, ZeRO-3 parameter discovery), and hooks
+    the outputs (`register_output_backward_hooks`) so that the first gradient to reach them runs
+    `_backward_prologue`: it copies the engine's gradient-accumulation boundary into the ZeRO 1/2
+    optimizer, whose per-parameter gradient hooks read it during that backward (whether to reduce,
+    to accumulate into or copy to the offloaded fp32 buffer), and enters the optimizer's backward
+    scope (`enter_backward`, the post-backward callback). Called outside it, those hooks read the
+    previous micro-batch's boundary (tests/test_engine.py shows it); the one-rank updates we
+    compared (fp32 and bf16, with and without optimizer offload) came out the same regardless, which
+    DeepSpeed does not promise for other configurations or more ranks.
+
+    DeepSpeed offers no call that runs an arbitrary function in that frame, so `module.forward` is
+    shadowed for one call of `engine()` (an instance attribute wins over the class's `forward`,
+    and torch's `Module.__call__` runs the hooks around it). If DeepSpeed's forward stops calling
+    the module, fn never runs and this raises rather than return something else;
+    tests/test_engine.py holds the updates equal to `engine(...)`'s at ZeRO 0 and 2."""
     module = engine.module
-    module.forward = lambda: fn()         # an instance attribute shadows the class's forward
+    calls = []
+
+    def forward():
+        calls.append(None)
+        return fn()
+
+    module.forward = forward              # an instance attribute shadows the class's forward
     try:
-        return engine()
+        out = engine()
     finally:
         del module.forward
+    if len(calls) != 1:
+        import deepspeed
+        raise RuntimeError(
+            f"deepspeed {deepspeed.__version__}: {type(engine).__name__}.forward called its module {len(calls)} "
+            "times, not once, so rl.engine.call_through cannot run the lean forward inside it (tested with "
+            "deepspeed 0.19); set student.lean_forward=false or update rl/engine.py::call_through")
+    return out
 
 
 def build_engine(build_model: Callable[[], torch.nn.Module], cfg):
@@ -141,7 +167,7 @@ def build_engine(build_model: Callable[[], torch.nn.Module], cfg):
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
     if cfg.deepspeed.zero_stage == 0 and torch.distributed.get_world_size() == 1:
         # Nothing to reduce, yet DeepSpeed would flatten every gradient into one buffer, all-reduce
-        # it over the one rank and copy it back: ~2 ms of the RL benchmark's 70 ms backward.
+        # it over the one rank and copy it back (benchmarks/README.md has what it cost).
         # (ZeRO-1/2 keep it: their reduction also moves gradients into the optimizer's partitions.)
         engine.enable_backward_allreduce = False
     return engine, optimizer, scheduler

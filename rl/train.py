@@ -47,10 +47,10 @@ def resolve_run_dir(cfg: RunConfig) -> Path:
 
 def launch_command(cfg: RunConfig, experiment: str, overrides: list[str]) -> list[str]:
     """The launcher command that starts every rank of this node with the same arguments."""
-    from rl.engine import _free_port
+    from rl.distributed import free_port
 
     L = cfg.launcher
-    port = L.master_port or _free_port()
+    port = L.master_port or free_port()
     child = [*overrides, f"run_name={cfg.run_name}"]
     if L.hostfile:
         # DeepSpeed's launcher reaches the other hosts itself (pdsh/ssh); slots come from the hostfile.

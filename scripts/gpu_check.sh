@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared GPU check (< 5 min on an H100/H200-class machine): build the CUDA extension for the
+# One prepared GPU check, sized to fit a short GPU session: build the CUDA extension for the
 # visible GPU, run the GPU tests and the CPU kernel tests, then a short MoE benchmark on CUDA.
 # Usage: scripts/gpu_check.sh            (results: benchmarks/results/moe-cuda.{json,md}, copied to $OUT if set)
 set -euo pipefail

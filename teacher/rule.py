@@ -3,7 +3,8 @@
 It points at the first place the attempt goes wrong and gives the correct prefix up to and
 including that character ("starts with -4"). A tiny student can copy such a hint into its answer,
 which is what makes the hinted distribution a better teacher; range, sign or "too large" hints
-gave a 1M-parameter student nothing (shared/facts.md). When the prefix would be the whole answer,
+gave a 1M-parameter student nothing in exploratory runs made before this repository (one seed
+each, not recorded here). When the prefix would be the whole answer,
 it gives the last character instead ("ends with 7"); the leak guard still drops any hint that
 states the whole answer (a one-character answer cannot be hinted without giving it away).
 """

@@ -5,7 +5,7 @@ import pytest
 
 from rl.config import ConfigError, load_config, to_yaml
 
-from conftest import ROOT, run_cli
+from conftest import ROOT
 
 
 def write(tmp_path, text):
@@ -61,10 +61,28 @@ def test_resolved_config_round_trips(tmp_path):
     assert load_config(tmp_path) == cfg
 
 
-def test_cli_stops_before_any_work_with_one_clear_line(tmp_path):
-    out = run_cli(["experiments/default", "trainer.stepz=1", f"output_dir={tmp_path}"])
-    assert out.returncode == 2
-    assert "config error: command line 'trainer.stepz=1': unknown key 'trainer.stepz'" in out.stderr
+def test_cli_stops_before_any_work_with_one_clear_line(tmp_path, capsys):
+    # In-process: `python -m rl.train` is `sys.exit(main())`, and a config error returns before the
+    # trainer (or anything heavy) is imported.
+    from rl.train import main
+
+    assert main([str(ROOT / "experiments/default"), "trainer.stepz=1", f"output_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "config error: command line 'trainer.stepz=1': unknown key 'trainer.stepz'"
+    assert not any(Path(tmp_path).iterdir())
+
+
+def test_cli_refuses_a_launcher_rank_count_other_than_the_configs(tmp_path, capsys, monkeypatch):
+    # What a rank sees when torchrun started 2 of them for a one-rank config (the launcher sets
+    # LOCAL_RANK and WORLD_SIZE): a config error before any work, not a hang in the process group.
+    from rl.train import main
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main([str(ROOT / "experiments/default"), f"output_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("config error: the launcher started 2 ranks but launcher.nproc_per_node x "
+                           "launcher.nnodes = 1; set them to match")
     assert not any(Path(tmp_path).iterdir())
 
 

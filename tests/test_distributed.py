@@ -9,6 +9,8 @@ import torch
 
 from conftest import TINY, run_cli
 
+pytestmark = pytest.mark.slow   # every test here launches two ranks (torchrun), most of them whole runs
+
 # Persistence threshold 0: ZeRO-3 really partitions even these tiny parameters.
 TWO_RANKS = TINY + ["launcher.nproc_per_node=2", "deepspeed.param_persistence_threshold=0",
                     "method.name=hint_distill"]

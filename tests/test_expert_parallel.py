@@ -10,13 +10,14 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from rl.distributed import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = dict(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, num_experts=4, expert_width=16)
@@ -30,7 +31,7 @@ def _init():
     from deepspeed.accelerator import get_accelerator
 
     builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
-    if builder is not None:   # skip DeepSpeed's 75-115 s shm-op compile, as rl.engine does
+    if builder is not None:   # skip DeepSpeed's shm-op compile (minutes), as rl.engine does
         deepspeed.ops.__compatible_ops__[builder.NAME] = False
     deepspeed.init_distributed(dist_backend="gloo")
 
@@ -171,16 +172,10 @@ def worker(out_dir: str, ep_size: int, zero_stage: int, opt_name: str, archs: st
 
 # -- tests -------------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(tmp_path: Path, nproc: int, ep_size: int, zero_stage: int, opt_name: str, archs=()) -> list[dict]:
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--master_port", str(_free_port()), __file__, str(tmp_path), str(ep_size), str(zero_stage),
+           "--master_port", str(free_port()), __file__, str(tmp_path), str(ep_size), str(zero_stage),
            opt_name, ",".join(archs)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
@@ -203,6 +198,7 @@ def check_training(results: list[dict], param_tol: float) -> None:
 
 
 @pytest.mark.parametrize("zero_stage", [1, 2])
+@pytest.mark.slow
 def test_ep2_equals_ep1_adamw(tmp_path, zero_stage):
     results = launch(tmp_path, 2, 2, zero_stage, "adamw", ARCHS if zero_stage == 1 else ())
     check_training(results, param_tol=1e-5)
@@ -223,6 +219,7 @@ def test_ep2_equals_ep1_adamw(tmp_path, zero_stage):
     assert results[0]["train"]["offline"] == 0.0
 
 
+@pytest.mark.slow
 def test_ep2_gradient_scale_with_sgd(tmp_path):
     # SGD moves weights by lr * gradient: an expert gradient off by the EP factor would show here.
     check_training(launch(tmp_path, 2, 2, 2, "sgd"), param_tol=1e-6)

@@ -170,3 +170,54 @@ def test_swiglu_function_is_bitwise_transformers_default_gate():
         results.append((out, *torch.autograd.grad(out, x, grad)))
     for a, b in zip(*results):
         assert torch.equal(a, b)
+
+
+def test_swiglu_check_is_per_module_not_per_class():
+    # The same experts class with another activation (config.hidden_act) is not the default SwiGLU.
+    from student.experts import _is_default_swiglu
+    silu = _model("qwen3_moe").model.layers[0].mlp.experts
+    torch.manual_seed(0)
+    gelu = AutoModelForCausalLM.from_config(
+        Qwen3MoeConfig(**BASE, head_dim=8, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=2,
+                       hidden_act="gelu")).model.layers[0].mlp.experts
+    assert type(silu) is type(gelu)
+    assert _is_default_swiglu(silu) and not _is_default_swiglu(gelu) and _is_default_swiglu(silu)
+
+
+ROUTER_KINDS = {"qwen3_moe": "softmax_topk", "qwen2_moe": "softmax_topk", "mixtral": "softmax_topk",
+                "olmoe": "softmax_topk", "gpt_oss": "topk_softmax", "deepseek_v3": "sigmoid"}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_router_kind_from_the_routers_behaviour(family):
+    from student.experts import _probe_router, find_routers, router_kind
+    model = _model(family)
+    router = find_routers(model)[0][1]
+    assert router_kind(router) == ROUTER_KINDS[family]
+    student.experts.use_hintrl_gating(model)       # an instance patch does not change the class's kind
+    assert router_kind(router) == ROUTER_KINDS[family]
+    if family != "deepseek_v3":
+        # ZeRO-3 leaves a parameter an empty placeholder with its full shape in ds_shape: the probe
+        # runs on weights of its own, never the router's.
+        full = router.weight.shape
+        router.weight.data = torch.empty(0)
+        router.weight.ds_shape = full
+        assert _probe_router(router) == (ROUTER_KINDS[family], True)
+
+
+def test_router_kind_refuses_an_unknown_scoring():
+    from student.experts import router_kind
+
+    class SigmoidTopKRouter(torch.nn.Module):    # sigmoid scores, without DeepseekV3's attributes
+        def __init__(self):
+            super().__init__()
+            self.top_k, self.hidden_dim = 2, 8
+            self.weight = torch.nn.Parameter(torch.randn(6, 8))
+
+        def forward(self, hidden_states):
+            logits = torch.nn.functional.linear(hidden_states, self.weight)
+            ids = logits.topk(self.top_k, dim=-1).indices
+            return logits, logits.sigmoid().gather(1, ids), ids
+
+    with pytest.raises(NotImplementedError, match="SigmoidTopKRouter: unknown expert scoring"):
+        router_kind(SigmoidTopKRouter())

@@ -4,6 +4,7 @@ package importable, does not take ours for theirs and still builds MoE models. R
 interpreter so the probe sees a clean import state."""
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +43,12 @@ def test_transformers_does_not_mistake_our_kernels_package():
     assert res.stdout.strip().endswith("ok")
 
 
-def test_distribution_is_not_named_kernels():
-    setup_py = (ROOT / "setup.py").read_text()
-    assert 'name="hintrl"' in setup_py
+def test_installed_distribution_is_hintrl_and_provides_our_packages():
+    """The installed metadata (what transformers' version probe reads) names our distribution
+    `hintrl`, and that distribution provides the four import packages."""
+    dist = metadata.distribution("hintrl")
+    assert dist.metadata["Name"] == "hintrl"
+    top_level = set((dist.read_text("top_level.txt") or "").split())
+    assert {"rl", "student", "teacher", "kernels"} <= top_level, top_level
+    # the import name `kernels` resolves, in the metadata, to the distribution `hintrl`
+    assert "hintrl" in metadata.packages_distributions().get("kernels", [])

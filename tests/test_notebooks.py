@@ -1,9 +1,12 @@
 """notebooks/ and rl.analysis / rl.report on two tiny runs made through the real CLI."""
+import json
 import subprocess
 import sys
+from html.parser import HTMLParser
 
 import nbformat
 import pytest
+import yaml
 
 from conftest import ROOT, TINY, run_cli
 from rl.analysis import compare, eval_curve, load_run, load_runs, steps_to_reach
@@ -33,6 +36,67 @@ def outputs_text(nb) -> str:
     return "\n".join(parts)
 
 
+def cell_outputs(nb, marker: str) -> list:
+    """The outputs of the one code cell whose source contains `marker`."""
+    (cell,) = [c for c in nb.cells if c.cell_type == "code" and marker in c.source]
+    return cell.outputs
+
+
+class _TableParser(HTMLParser):
+    """The <tr> rows of pandas' HTML tables as lists of cell texts: thead rows, then tbody rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.head, self.body, self._section, self._row, self._cell = [], [], None, None, None
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("thead", "tbody"):
+            self._section = tag
+        elif tag == "tr":
+            self._row = []
+        elif tag in ("th", "td"):
+            self._cell = ""
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell += data
+
+    def handle_endtag(self, tag):
+        if tag in ("th", "td") and self._row is not None:
+            self._row.append(self._cell)
+            self._cell = None
+        elif tag == "tr":
+            (self.head if self._section == "thead" else self.body).append(self._row)
+
+
+def html_tables(outputs) -> list[tuple[list[str], list[list[str]]]]:
+    """(column names, rows as [index, *cells]) of every DataFrame the outputs displayed."""
+    tables = []
+    for out in outputs:
+        html = out.get("data", {}).get("text/html")
+        if html:
+            parser = _TableParser()
+            parser.feed(html)
+            tables.append((parser.head[0][1:], parser.body))
+    return tables
+
+
+def number(cell: str):
+    """A displayed number; None for a missing value."""
+    return None if cell in ("None", "NaN", "<NA>") else float(cell)
+
+
+def read_run_folder(folder):
+    """What a run folder holds, read without rl.analysis: config, metrics merged per step, rollouts."""
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    merged = {}
+    for line in (folder / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        merged.setdefault(row["step"], {}).update(row)
+    rollouts = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
+    return config, dict(sorted(merged.items())), rollouts
+
+
 def assert_pngs(folder, names):
     for name in names:
         data = (folder / f"{name}.png").read_bytes()
@@ -47,6 +111,7 @@ def test_notebooks_are_stored_without_outputs_and_take_parameters(name):
     assert "parameters" in code[0].metadata.get("tags", []) and "RUN_DIRS" in code[0].source
 
 
+@pytest.mark.slow
 def test_load_runs_reads_both_runs(runs_root):
     runs = load_runs([runs_root])                           # an experiment folder expands to its runs
     assert [r.name for r in runs] == ["a", "b"]
@@ -60,6 +125,7 @@ def test_load_runs_reads_both_runs(runs_root):
         load_run(runs_root / "a" / "checkpoints")
 
 
+@pytest.mark.slow
 def test_curves_compare_and_steps_to_reach(runs_root):
     a, b = load_runs([runs_root])
     curve = eval_curve(a)
@@ -74,23 +140,69 @@ def test_curves_compare_and_steps_to_reach(runs_root):
     assert set(compare([a, b], "hint/rate").index.get_level_values("group")) == {"hint_distill"}
 
 
+@pytest.mark.slow
 def test_analyze_run_notebook_plots_the_given_run(runs_root, tmp_path):
     nb = execute_notebook(ROOT / "notebooks" / "analyze_run.ipynb", [runs_root / "b"], tmp_path, timeout=120)
     text = outputs_text(nb)
     assert f"run b at {runs_root / 'b'}" in text              # HINTRL_RUN_DIRS won over the default
     assert "expert load: not logged" not in text             # the trainer logs it at eval steps
+    # The summary and tables show what the run folder holds.
+    config, metrics, rollouts = read_run_folder(runs_root / "b")
+    steps = list(metrics)
+    assert (f"method {config['method']['name']}, task {config['task']['name']}, {len(steps)} logged steps "
+            f"(last {steps[-1]}), {len(rollouts)} rollouts") in text
+    (columns, rows), = html_tables(cell_outputs(nb, "run = load_run("))   # the last evals
+    eval_keys = sorted({k for m in metrics.values() for k in m if "eval/" in k})
+    assert sorted(columns) == eval_keys and "eval/accuracy" in eval_keys
+    eval_steps = [s for s, m in metrics.items() if any(k in m for k in eval_keys)]
+    assert [int(r[0]) for r in rows] == eval_steps[-5:]
+    for step, *cells in rows:
+        for key, cell in zip(columns, cells):
+            want = metrics[int(step)].get(key)
+            assert number(cell) == (None if want is None else pytest.approx(want, abs=1e-6)), (step, key)
+    # Example rollouts: the last logged step's attempts, failed ones first.
+    (columns, rows), = html_tables(cell_outputs(nb, "display(last.sort_values"))
+    last = [r for r in rollouts if r["step"] == rollouts[-1]["step"]]
+    want = sorted(last, key=lambda r: r["reward"])[:12]         # sorted() is stable, as the notebook's sort
+    shown = [dict(zip(columns, cells)) for _, *cells in rows]
+    assert [(int(r["step"]), r["prompt"], r["answer"], float(r["reward"])) for r in shown] == \
+        [(r["step"], r["prompt"], r["answer"], r["reward"]) for r in want]
+    assert [r["hint"] if r["hint"] not in ("None", "NaN") else None for r in shown] == [r["hint"] for r in want]
     assert_pngs(tmp_path, ["reward", "accuracy", "hints", "loss_distill", "loss_pg", "router_replay_mismatch",
                            "expert_load"])
 
 
+@pytest.mark.slow
 def test_compare_runs_notebook_groups_by_method(runs_root, tmp_path):
     nb = execute_notebook(ROOT / "notebooks" / "compare_runs.ipynb", [runs_root / "a", runs_root / "b"],
                           tmp_path, timeout=120)
-    text = outputs_text(nb)
-    assert "grpo" in text and "hint_distill" in text
+    folders = {name: read_run_folder(runs_root / name) for name in ("a", "b")}
+    # One overview row per run, as its folder has it.
+    (columns, rows), = html_tables(cell_outputs(nb, "overview = pd.DataFrame"))
+    shown = {cells[0]: dict(zip(columns, cells)) for _, *cells in rows}
+    assert list(shown) == ["a", "b"]
+    for name, (config, metrics, _) in folders.items():
+        row = shown[name]
+        final = [m["eval/accuracy"] for m in metrics.values() if "eval/accuracy" in m][-1]
+        assert (row["method.name"], int(row["seed"]), int(row["last step"])) == \
+            (config["method"]["name"], config["seed"], list(metrics)[-1])
+        assert number(row["final eval/accuracy"]) == pytest.approx(final, abs=1e-6)
+    assert {row["method.name"] for row in shown.values()} == {"grpo", "hint_distill"}
+    # Steps to reach the threshold, per run and per method.
+    outputs = cell_outputs(nb, "reach = pd.DataFrame")
+    (threshold,) = [float(o["text"].split(">=")[1]) for o in outputs if o.get("name") == "stdout"]
+    (columns, rows), (group_columns, group_rows) = html_tables(outputs)
+    reach = {}
+    for name, (config, metrics, _) in folders.items():
+        reached = [s for s, m in metrics.items() if m.get("eval/accuracy", -1) >= threshold]
+        reach[config["method"]["name"]] = reached[0] if reached else None
+    assert {cells[1]: number(cells[2]) for _, *cells in rows} == reach
+    assert {group: (int(cells[group_columns.index("reached")]), int(cells[group_columns.index("runs")]))
+            for group, *cells in group_rows} == {method: (int(s is not None), 1) for method, s in reach.items()}
     assert_pngs(tmp_path, ["compare_accuracy", "compare_accuracy_hinted", "compare_reward"])
 
 
+@pytest.mark.slow
 def test_report_cli_writes_html_next_to_the_run(runs_root):
     out = subprocess.run([sys.executable, "-m", "rl.report", str(runs_root / "a")], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)

@@ -167,3 +167,23 @@ def test_chunked_projection_equals_one_projection():
         whole = dist.scores(hidden, lambda h: h @ weight.T, tokens, 0.9, "topk", 3)
     for name in ("logprobs_NC", "argmax_NC", "topk_logp_NCK", "topk_ids_NCK", "tail_logp_NC"):
         torch.testing.assert_close(getattr(chunked, name), getattr(whole, name).detach(), msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_policies_work_where_the_module_lives():
+    """Nothing in a policy makes a tensor on a fixed device: on a GPU everything stays there, and
+    results match the CPU's."""
+    cpu = tiny_model()
+    gpu = tiny_model().cuda()
+    prompts = [TOK.render_prompt("12 + 35"), TOK.render_prompt("1 - 2", "ends with 1")] * 2
+    for on_cpu, on_gpu in zip(policies(cpu), policies(gpu)):
+        roll = on_gpu.generate(prompts, sampling(greedy=True))
+        assert roll.completion_ids_NC.is_cuda and roll.routes.prompt[0].is_cuda
+        ref = on_cpu.generate(prompts, sampling(greedy=True))
+        assert torch.equal(roll.completion_ids_NC.cpu(), ref.completion_ids_NC)
+        with torch.no_grad():
+            scores = on_gpu.score(prompts, roll.completion_ids_NC, need="topk", k=3, routes=roll.routes)
+        assert scores.logprobs_NC.is_cuda and scores.topk_ids_NCK.is_cuda
+        loss = on_gpu.score(prompts, roll.completion_ids_NC, router_aux=True)
+        assert loss.aux_loss.is_cuda

@@ -3,7 +3,7 @@ package) as the `hf` teacher, and behind a real `transformers serve` process on 
 as the `openai` teacher. Nothing is mocked; replies are greedy, so they are reproducible.
 
 The de-quantised model is cached under $HINTRL_TEACHER_CACHE (~/.cache/hintrl/teachers): the
-first run on a machine converts it once (30-60 s).
+first run on a machine converts it once.
 """
 import importlib.util
 import json
@@ -19,6 +19,7 @@ import urllib.request
 import pytest
 
 from conftest import ROOT, TINY
+from rl.distributed import free_port
 from teacher import HintRequest, TeacherConfig, build_teacher
 from teacher.hf import prepare_model
 
@@ -46,12 +47,6 @@ def smol_folder():
 @pytest.fixture(scope="session")
 def hf_teacher(smol_folder):
     return build_teacher(TeacherConfig(kind="hf", model=SMOL, **FAST))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(folder, port: int) -> subprocess.Popen:
@@ -94,6 +89,7 @@ def test_gguf_is_converted_once_and_cached(smol_folder):
     assert time.perf_counter() - start < 5
 
 
+@pytest.mark.slow
 def test_hf_teacher_batched_replies_equal_single_ones(hf_teacher):
     """Left padding must not change a greedy reply: batch of 4 (mixed lengths) == one at a time."""
     chats = [hf_teacher.template.render(r) for r in REQUESTS]
@@ -119,6 +115,7 @@ def test_hf_teacher_writes_parsed_hints(hf_teacher):
 
 
 # ------------------------------------------------------------------ openai (transformers serve)
+@pytest.mark.slow
 def test_openai_teacher_against_transformers_serve_matches_hf(server, hf_teacher):
     base_url, model = server
     teacher = build_teacher(TeacherConfig(kind="openai", base_url=base_url, model=model, concurrency=2,
@@ -129,6 +126,7 @@ def test_openai_teacher_against_transformers_serve_matches_hf(server, hf_teacher
     assert hints[0].error == "" and hints[0].target_index == 1
 
 
+@pytest.mark.slow
 def test_openai_teacher_reads_key_from_named_env_var(server, monkeypatch):
     base_url, model = server
     with pytest.raises(ValueError, match="HINTRL_TEST_KEY"):
@@ -185,41 +183,117 @@ def test_openai_teacher_slow_endpoint_times_out():
 
 
 # ------------------------------------------------------------------ a run whose server dies
+def _copy(src: socket.socket, dst: socket.socket) -> None:
+    """Bytes from src to dst until src ends, then end dst's sending side too."""
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+class Relay:
+    """The run's teacher endpoint, in front of the real server. It relays each connection to the
+    server while `gate()` is false; a connection that arrives once `gate()` is true is held open,
+    unanswered (`held` is set), until `cut()`, which drops it and closes the port. From the run's side
+    that is a server dying with a request in flight: the request fails, new connections are refused."""
+
+    def __init__(self, upstream_port: int, gate):
+        self.upstream_port, self.gate = upstream_port, gate
+        self.held, self._cut = threading.Event(), threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.port = self.listener.getsockname()[1]
+        self._acceptor = threading.Thread(target=self._accept, daemon=True)
+        self._acceptor.start()
+
+    def _accept(self) -> None:
+        while not self._cut.is_set():
+            try:
+                conn = self.listener.accept()[0]
+            except OSError:                              # timeout: look at _cut again
+                continue
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.settimeout(None)
+        with conn:
+            if self._cut.is_set() or self.gate():
+                self.held.set()
+                self._cut.wait(timeout=900)
+                return                                   # dropped without an answer
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            except OSError:
+                return
+            with upstream:
+                threading.Thread(target=_copy, args=(conn, upstream), daemon=True).start()
+                _copy(upstream, conn)                    # the server closes after its answer
+
+    def cut(self) -> None:
+        self._cut.set()
+        self._acceptor.join()
+        self.listener.close()
+
+
+def rl_step_rows(metrics) -> list[dict]:
+    """The RL steps' rows of a metrics.jsonl that may be being written (a partial line is skipped)."""
+    if not metrics.exists():
+        return []
+    rows = []
+    for line in metrics.read_text().splitlines(keepends=True):
+        if line.endswith("\n"):
+            row = json.loads(line)
+            if "hint/teacher_errors" in row:
+                rows.append(row)
+    return rows
+
+
 @pytest.mark.slow
 def test_run_survives_server_killed_mid_run(smol_folder, tmp_path):
     port = free_port()
     proc = start_server(smol_folder, port)
+    out = tmp_path / "runs"
+    metrics = out / "default" / "fault" / "metrics.jsonl"
+    # The run reaches the server only through the relay, which holds the first request made after
+    # step 2 is logged: the server dies between steps 2 and 3 however fast or slow the run goes.
+    relay = Relay(port, gate=lambda: len(rl_step_rows(metrics)) >= 2)
     template = tmp_path / "short.txt"
     template.write_text("{messages}\nWrite one hint for message {targets}, without the answer.\n"
                         "Reply as: HINT: <hint>\n")
-    out = tmp_path / "runs"
     args = [str(ROOT / "experiments" / "default"), *TINY, f"output_dir={out}", "run_name=fault",
             "warmstart.steps=0", "trainer.steps=6", "trainer.eval_every=100", "task.eval_size=4",
             "rollout.prompts_per_step=2", "rollout.attempts_per_prompt=2",
-            "teacher.kind=openai", f"teacher.base_url=http://127.0.0.1:{port}/v1", f"teacher.model={smol_folder}",
-            f"teacher.prompt_template={template}", "teacher.max_new_tokens=12", "teacher.timeout_s=60",
-            "teacher.retries=1", "teacher.backoff_s=0.1", "teacher.concurrency=2"]
+            "teacher.kind=openai", f"teacher.base_url=http://127.0.0.1:{relay.port}/v1",
+            f"teacher.model={smol_folder}", f"teacher.prompt_template={template}", "teacher.max_new_tokens=12",
+            "teacher.timeout_s=60", "teacher.retries=1", "teacher.backoff_s=0.1", "teacher.concurrency=2"]
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    run = subprocess.Popen([sys.executable, "-m", "rl.train", *args], cwd=ROOT, env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics = out / "default" / "fault" / "metrics.jsonl"
+    stdout_path, stderr_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with open(stdout_path, "w") as stdout_f, open(stderr_path, "w") as stderr_f:   # files: no pipe to fill
+        run = subprocess.Popen([sys.executable, "-m", "rl.train", *args], cwd=ROOT, env=env,
+                               stdout=stdout_f, stderr=stderr_f, text=True)
     try:
         deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and run.poll() is None:   # kill after 2 RL steps
-            if metrics.exists() and sum(1 for _ in metrics.open()) >= 3:
-                break
-            time.sleep(0.2)
+        while not relay.held.wait(timeout=0.5):
+            if run.poll() is not None or time.monotonic() > deadline:
+                run.kill()
+                run.wait(timeout=30)
+                pytest.fail("no teacher request after step 2 within 180 s (run exit code "
+                            f"{run.returncode}): {stderr_path.read_text()[-3000:]}")
     finally:
         stop_server(proc)
-    stdout, stderr = run.communicate(timeout=240)
+        relay.cut()
+    run.wait(timeout=180)
+    stdout, stderr = stdout_path.read_text(), stderr_path.read_text()
     assert run.returncode == 0, stderr[-3000:]
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    steps = [r for r in rows if "hint/teacher_errors" in r]
+    steps = rl_step_rows(metrics)
     assert len(steps) == 6
-    assert steps[0]["hint/teacher_errors"] == 0                 # the server answered at first
-    assert sum(r["hint/teacher_errors"] for r in steps[2:]) > 0   # then it was gone
-    assert stderr.count("[teacher]") == 1                       # said once, not per attempt
+    assert [r["hint/teacher_errors"] for r in steps[:2]] == [0, 0]   # the server answered steps 1-2
+    assert steps[2]["hint/teacher_errors"] > 0                        # step 3's held request failed
+    assert stderr.count("[teacher]") == 1                             # said once, not per attempt
     assert "done:" in stdout
     logged = [json.loads(line) for line in (out / "default" / "fault" / "rollouts.jsonl").read_text().splitlines()]
     assert any(r.get("teacher_reply") for r in logged if r["step"] <= 2)
-    assert any(r.get("hint_error") == "teacher_error" for r in logged if r["step"] > 3)
+    assert not any(r.get("hint_error") == "teacher_error" for r in logged if r["step"] <= 2)
+    assert any(r.get("hint_error") == "teacher_error" for r in logged if r["step"] == 3)
