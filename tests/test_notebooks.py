@@ -168,7 +168,7 @@ def test_analyze_run_notebook_plots_the_given_run(runs_root, tmp_path):
     assert [(int(r["step"]), r["prompt"], r["answer"], float(r["reward"])) for r in shown] == \
         [(r["step"], r["prompt"], r["answer"], r["reward"]) for r in want]
     assert [r["hint"] if r["hint"] not in ("None", "NaN") else None for r in shown] == [r["hint"] for r in want]
-    assert_pngs(tmp_path, ["reward", "accuracy", "hints", "loss_distill", "loss_pg", "router_replay_mismatch",
+    assert_pngs(tmp_path, ["reward", "accuracy", "hints", "kl_per_token", "loss_pg", "router_replay_mismatch",
                            "expert_load"])
 
 
