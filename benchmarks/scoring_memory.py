@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -84,8 +85,7 @@ def main(argv=None) -> int:
     for need in NEEDS:
         out = subprocess.run([sys.executable, "-m", "benchmarks.scoring_memory", "--child", need, "--rows",
                               str(args.rows), "--tokens", str(args.tokens), "--vocab", str(args.vocab)],
-                             cwd=ROOT, capture_output=True, text=True, env={**__import__("os").environ,
-                                                                             "PYTHONPATH": str(ROOT)})
+                             cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
         line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
         if out.returncode or not line:
             raise SystemExit(f"need={need} failed:\n{out.stderr[-3000:]}")

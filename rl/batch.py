@@ -23,7 +23,6 @@ class RowTargets:
     """Teacher scores for some rows of the batch: rows[h] is the batch row of scores[h]."""
     rows: list[int]
     scores: Scores
-    extra: dict[str, Any] = field(default_factory=dict)    # per-target lists, aligned with rows
 
     def select(self, index: list[int]) -> "RowTargets":
         """The targets of the batch rows `index`, renumbered to their positions in it."""
@@ -33,8 +32,7 @@ class RowTargets:
         scores = Scores(**{f.name: None if getattr(self.scores, f.name) is None or f.name == "aux_loss"
                            else getattr(self.scores, f.name)[pick.to(getattr(self.scores, f.name).device)]
                            for f in fields(Scores)})
-        return RowTargets([where[self.rows[h]] for h in keep], scores,
-                          {k: [v[h] for h in keep] for k, v in self.extra.items()})
+        return RowTargets([where[self.rows[h]] for h in keep], scores)
 
 
 @dataclass

@@ -12,31 +12,25 @@ from contextlib import nullcontext
 
 import torch
 
-from student.policy import Distribution, Rollout, Routes, Sampling, Scores, left_pad, positions
+from student.lean import positions
+from student.policy import Distribution, ReplayCounting, Rollout, Routes, Sampling, Scores, left_pad, rollout_of
 from student.router_replay import RouterReplay
 
 
-class HFPolicy:
+class HFPolicy(ReplayCounting):
     def __init__(self, model: torch.nn.Module, *, pad_id: int, banned_ids: tuple[int, ...] = (), forward=None):
         self.model, self.pad_id = model, pad_id
         self.forward = forward if forward is not None else model
         self.dist = Distribution(banned_ids)
-        self.routers = RouterReplay(model)
+        self.replay = self.routers = RouterReplay(model)     # hooks; also the mismatch counter
         self.num_routed_layers = self.routers.num_layers
 
     @property
     def device(self) -> torch.device:
         return self.model.get_input_embeddings().weight.device
 
-    def take_replay_mismatch(self) -> float:
-        rate = self.routers.stats()["mismatch_rate"]
-        self.routers.reset_stats()
-        return rate
-
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> Rollout:
-        from student.lean_policy import finish
-
         model, dev = self.model, self.device
         ids_NP, mask_NP = left_pad(prompts, self.pad_id, dev)
         n, p = ids_NP.shape
@@ -62,7 +56,7 @@ class HFPolicy:
                 past, logits_NV = out.cache, out.logits[:, -1]
         per_row = recording.routes(batch_size=n)          # (N, P + fed tokens, K) per layer
         routes = Routes(torch.arange(n, device=dev), [r[:, :p] for r in per_row], [r[:, p:] for r in per_row])
-        return finish(prompts, tokens, logps, self.pad_id, routes)
+        return rollout_of(prompts, tokens, logps, self.pad_id, routes)
 
     def score(self, prompts, completion_NC, *, temperature=1.0, need="logprobs", k=0, routes=None,
               router_aux=False) -> Scores:
@@ -83,8 +77,10 @@ class HFPolicy:
         with self.routers.replay(forced) if replaying else nullcontext():
             if torch.is_grad_enabled() or router_aux:
                 out = self.forward(**kwargs, logits_to_keep=c, output_router_logits=router_aux)
-                scores = self.dist.scores(out.logits[:, -c:], lambda x: x, completion_NC, temperature, need, k)
+                logits = out.logits[:, -c:]
+                scores = self.dist.scores(logits, lambda x: x, logits.size(-1), completion_NC, temperature, need, k)
                 scores.aux_loss = getattr(out, "aux_loss", None) if router_aux else None
                 return scores
             hidden = self.model.get_decoder()(**kwargs).last_hidden_state[:, -c:]
-            return self.dist.scores(hidden, self.model.get_output_embeddings(), completion_NC, temperature, need, k)
+            head = self.model.get_output_embeddings()
+            return self.dist.scores(hidden, head, head.weight.size(0), completion_NC, temperature, need, k)

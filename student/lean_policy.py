@@ -16,7 +16,8 @@ import torch
 
 from student.lean import (Collect, LeanForward, NoPast, RouteLog, SharedPrefix, StaticKV, continuation_bias,
                           load_balancing_loss, positions, prompt_bias)
-from student.policy import Distribution, Rollout, Routes, Sampling, Scores, distinct_prompts, left_pad
+from student.policy import (Distribution, ReplayCounting, Rollout, Routes, Sampling, Scores, distinct_prompts,
+                            left_pad, rollout_of)
 from student.router_replay import MismatchCounter
 
 
@@ -31,7 +32,7 @@ def _usable_outside(x):
     return x
 
 
-class LeanPolicy:
+class LeanPolicy(ReplayCounting):
     def __init__(self, model: torch.nn.Module, *, pad_id: int, banned_ids: tuple[int, ...] = (), runner=None):
         self.model, self.pad_id = model, pad_id
         self.lean = LeanForward(model, runner=runner)
@@ -46,11 +47,6 @@ class LeanPolicy:
     @property
     def dtype(self) -> torch.dtype:
         return self.model.model.embed_tokens.weight.dtype
-
-    def take_replay_mismatch(self) -> float:
-        rate = self.replay.stats()["mismatch_rate"]
-        self.replay.reset_stats()
-        return rate
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
@@ -90,7 +86,7 @@ class LeanPolicy:
         k = lean.top_k
         routes = Routes(of_row, [c[0].view(u, p, k) for c in log.ids],
                         [torch.stack(c[1:], dim=1) if len(c) > 1 else c[0].new_empty(n, 0, k) for c in log.ids])
-        return finish(prompt_ids, tokens, logps, sampling.pad_id, routes)
+        return rollout_of(prompt_ids, tokens, logps, sampling.pad_id, routes)
 
     # ------------------------------------------------------------------ scoring
     def score(self, prompts, completion_NC, *, temperature=1.0, need="logprobs", k=0, routes=None,
@@ -105,7 +101,7 @@ class LeanPolicy:
         lean, dev = self.lean, self.device
         distinct, of_row = distinct_prompts(prompt_ids, dev)
         ids_UP, mask_UP = left_pad(distinct, self.pad_id, dev)
-        (u, p), (n, c) = ids_UP.shape, completion_NC.shape
+        u, p = ids_UP.shape
         inputs_NS = completion_NC[:, :-1]               # the last token predicts nothing scored
         forced_prompt = forced_rest = None
         if routes is not None:
@@ -120,7 +116,8 @@ class LeanPolicy:
         def compute():
             log = RouteLog(lean.num_layers, logits=True) if router_aux else None
             hidden_NCD, weights_T = self._hidden(ids_UP, mask_UP, of_row, inputs_NS, forced_prompt, forced_rest, log)
-            scores = self.dist.scores(hidden_NCD, lean.head, completion_NC, temperature, need, k)
+            scores = self.dist.scores(hidden_NCD, lean.head, self.model.lm_head.weight.size(0), completion_NC,
+                                      temperature, need, k)
             if router_aux:
                 cfg = self.model.config
                 num_experts = getattr(cfg, "num_experts", None) or cfg.num_local_experts
@@ -161,9 +158,3 @@ class LeanPolicy:
             weights_T = mask.flatten()
         return hidden, weights_T
 
-
-def finish(prompt_ids, tokens, logps, pad_id, routes) -> Rollout:
-    completion_NC = torch.stack(tokens, dim=1)
-    mask_NC = completion_NC != pad_id
-    logprobs_NC = torch.stack(logps, dim=1).masked_fill(~mask_NC, 0.0)
-    return Rollout(prompt_ids, completion_NC, mask_NC, logprobs_NC, routes)

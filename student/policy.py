@@ -38,6 +38,8 @@ from typing import Callable, Protocol
 import torch
 import torch.nn.functional as F
 
+from student.router_replay import MismatchCounter
+
 NEEDS = ("logprobs", "argmax", "topk", "full")
 
 
@@ -115,6 +117,26 @@ class Policy(Protocol):
 
 
 # ---------------------------------------------------------------------- shared pieces
+class ReplayCounting:
+    """What both implementations report from: `self.replay`, the counter of forced routing slots
+    (a RouterReplay, which is one, for the hook-based policy)."""
+    replay: MismatchCounter
+
+    def take_replay_mismatch(self) -> float:
+        rate = self.replay.stats()["mismatch_rate"]
+        self.replay.reset_stats()
+        return rate
+
+
+def rollout_of(prompt_ids, tokens: list[torch.Tensor], logps: list[torch.Tensor], pad_id: int,
+               routes: Routes) -> Rollout:
+    """A Rollout from the per-step sampled tokens and log-probs (pad_id after a row's <eos>)."""
+    completion_NC = torch.stack(tokens, dim=1)
+    mask_NC = completion_NC != pad_id
+    logprobs_NC = torch.stack(logps, dim=1).masked_fill(~mask_NC, 0.0)
+    return Rollout(prompt_ids, completion_NC, mask_NC, logprobs_NC, routes)
+
+
 def left_pad(rows: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids_NP, mask_NP): rows right-aligned, so every row's next token sits in the last column."""
     width = max(len(r) for r in rows)
@@ -124,11 +146,6 @@ def left_pad(rows: list[list[int]], pad_id: int, device=None) -> tuple[torch.Ten
         ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
         mask[i, width - len(r):] = 1
     return ids.to(device), mask.to(device)
-
-
-def positions(mask: torch.Tensor) -> torch.Tensor:
-    """Position ids of a left-padded batch (padding never shifts a row's positions)."""
-    return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
 def distinct_prompts(prompt_ids: list[list[int]], device=None) -> tuple[list[list[int]], torch.Tensor]:
@@ -173,10 +190,11 @@ class Distribution:
         tok_N = torch.where(done_N, torch.full_like(tok_N, sampling.pad_id), tok_N)
         return tok_N, logp_NV.gather(-1, tok_N[:, None]).squeeze(-1)
 
-    def scores(self, hidden_NCD: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor],
+    def scores(self, hidden_NCD: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], vocab_size: int,
                tokens_NC: torch.Tensor, temperature: float, need: str, k: int,
                chunk_logits: int = 1 << 24) -> Scores:
-        """Scores from the final hidden states through `head` (the vocabulary projection).
+        """Scores from the final hidden states through `head` (the vocabulary projection, to
+        `vocab_size` logits).
 
         With gradient: one projection over all positions (backward needs the log-softmax anyway).
         Without: positions in chunks of about `chunk_logits` logits (64 MiB of fp32), keeping
@@ -190,8 +208,7 @@ class Distribution:
         if torch.is_grad_enabled() or need == "full":
             parts = [self._chunk_scores(head(h_MD), tok_M, temperature, need, k)]
         else:
-            width = head(h_MD[:1]).size(-1)
-            step = max(1, chunk_logits // width)
+            step = max(1, chunk_logits // vocab_size)
             parts = [self._chunk_scores(head(h_MD[i:i + step]), tok_M[i:i + step], temperature, need, k)
                      for i in range(0, n * c, step)]
         fields = {name: torch.cat([p[name] for p in parts]) for name in parts[0]}

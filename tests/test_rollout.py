@@ -162,9 +162,9 @@ def test_chunked_projection_equals_one_projection():
     tokens = torch.randint(0, 40, (3, 7))
     dist = Distribution(banned_ids=(0, 1))
     with torch.no_grad():
-        chunked = dist.scores(hidden, lambda h: h @ weight.T, tokens, 0.9, "topk", 3, chunk_logits=40 * 4)
+        chunked = dist.scores(hidden, lambda h: h @ weight.T, 40, tokens, 0.9, "topk", 3, chunk_logits=40 * 4)
     with torch.enable_grad():
-        whole = dist.scores(hidden, lambda h: h @ weight.T, tokens, 0.9, "topk", 3)
+        whole = dist.scores(hidden, lambda h: h @ weight.T, 40, tokens, 0.9, "topk", 3)
     for name in ("logprobs_NC", "argmax_NC", "topk_logp_NCK", "topk_ids_NCK", "tail_logp_NC"):
         torch.testing.assert_close(getattr(chunked, name), getattr(whole, name).detach(), msg=name)
 
