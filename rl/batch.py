@@ -78,6 +78,36 @@ class Batch:
                        advantages_N=rows(self.advantages_N), weight_N=rows(self.weight_N),
                        targets={k: t.select(index) for k, t in self.targets.items()})
 
+    def add_rows(self, more: "Batch", pad_id: int) -> None:
+        """Append `more`'s rows to this batch, in place; its advantages are then unset (the caller
+        takes them over the grown groups). `more.routes` must index this batch's distinct prompts
+        (`routes.prompt`); completions are right-padded to the wider of the two, the added
+        positions masked out and free of routes. Targets keep their rows (they come first)."""
+        width = max(self.completion_ids_NC.size(1), more.completion_ids_NC.size(1))
+
+        def both(a, b, fill):
+            return torch.cat([widen(a, width, fill), widen(b, width, fill)])
+
+        routes = self.routes.widen(width - 1).add_rows(more.routes.prompt_of_row_N,
+                                                       more.routes.widen(width - 1).completion)
+        cat = lambda a, b: None if a is None else (torch.cat([a, b]) if isinstance(a, torch.Tensor) else a + b)
+        grown = replace(self, problems=self.problems + more.problems, prompt_ids=self.prompt_ids + more.prompt_ids,
+                       completion_ids_NC=both(self.completion_ids_NC, more.completion_ids_NC, pad_id),
+                       mask_NC=both(self.mask_NC, more.mask_NC, False),
+                       old_logprobs_NC=both(self.old_logprobs_NC, more.old_logprobs_NC, 0.0), routes=routes,
+                       attempts=self.attempts + more.attempts, verdicts=self.verdicts + more.verdicts,
+                       rewards_N=cat(self.rewards_N, more.rewards_N), group_N=cat(self.group_N, more.group_N),
+                       source=self.source + more.source, advantages_N=None,
+                       weight_N=cat(self.weight_N, more.weight_N))
+        for f in fields(self):
+            setattr(self, f.name, getattr(grown, f.name))
+
+
+def widen(x_NC: torch.Tensor, width: int, fill) -> torch.Tensor:
+    """x_NC with columns of `fill` added on the right up to `width`."""
+    extra = width - x_NC.size(1)
+    return x_NC if extra <= 0 else torch.cat([x_NC, x_NC.new_full((x_NC.size(0), extra), fill)], dim=1)
+
 
 def micro_batches(n_rows: int, parts: int) -> list[list[int]]:
     """Consecutive row ranges of (near) equal size, one per gradient-accumulation micro-batch."""

@@ -1,7 +1,9 @@
 """Checkpoints that resume bit-identically: DeepSpeed state plus everything random or stateful.
 
 DeepSpeed saves model, optimizer and scheduler (one optimizer partition per rank under ZeRO);
-its client state adds the step and the task cursor, and every rank writes its own RNG states
+its client state adds the step, the task cursor and the trainer's own `state` (e.g. the compute
+budget's totals); `write(path)` adds files of the trainer's (e.g. the self-teacher's weights,
+rl/teacher_weights.py) before the tag counts as complete; every rank writes its own RNG states
 (torch and the trainer's `random.Random`: ranks sample different streams) to `rng_rank<r>.pt`.
 Tags are `step_0000100`; the newest `keep` are kept. A run resumes on the number of ranks it was
 saved with (ZeRO partitions are per rank).
@@ -11,6 +13,7 @@ from __future__ import annotations
 import random
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -32,12 +35,15 @@ def _rng_file(path: Path, rank: int) -> Path:
     return path / f"rng_rank{rank}.pt"
 
 
-def save(engine, ckpt_dir: Path, step: int, cursor: int, rng: random.Random, keep: int) -> Path:
+def save(engine, ckpt_dir: Path, step: int, cursor: int, rng: random.Random, keep: int,
+         state: dict | None = None, write: Callable[[Path], None] | None = None) -> Path:
     """Collective: every rank calls it."""
     path = ckpt_dir / _tag(step)
-    client_state = {"step": step, "task_cursor": cursor, "world_size": dist.world_size()}
+    client_state = {"step": step, "task_cursor": cursor, "world_size": dist.world_size(), **(state or {})}
     engine.save_checkpoint(str(ckpt_dir), tag=_tag(step), client_state=client_state)
     save_expert_shard(engine.module, path)      # expert parallelism: this EP rank's experts
+    if write is not None:
+        write(path)
     torch.save({"py_rng": rng.getstate(), "torch_rng": torch.get_rng_state()},
                _rng_file(path, dist.rank()))
     dist.barrier()   # every rank's files are written before old tags go
@@ -47,8 +53,8 @@ def save(engine, ckpt_dir: Path, step: int, cursor: int, rng: random.Random, kee
     return path
 
 
-def load(engine, ckpt_dir: Path, rng: random.Random) -> tuple[int, int]:
-    """Restore the newest checkpoint; returns (step, task cursor)."""
+def load(engine, ckpt_dir: Path, rng: random.Random) -> tuple[int, int, dict, Path]:
+    """Restore the newest checkpoint; returns (step, task cursor, client state, its folder)."""
     tags = list_tags(ckpt_dir)
     if not tags:
         raise FileNotFoundError(f"no checkpoint under {ckpt_dir} to resume from")
@@ -65,4 +71,4 @@ def load(engine, ckpt_dir: Path, rng: random.Random) -> tuple[int, int]:
     states = torch.load(rng_file, weights_only=False)
     rng.setstate(states["py_rng"])
     torch.set_rng_state(states["torch_rng"])
-    return client_state["step"], client_state["task_cursor"]
+    return client_state["step"], client_state["task_cursor"], client_state, path

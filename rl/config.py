@@ -44,6 +44,11 @@ class MethodConfig:
                                              # "constant" = rows x rollout.max_new_tokens (Dr. GRPO)
 
     CHOICES: ClassVar[dict[str, tuple]] = {"loss_norm": ("token", "constant")}
+    PATHS: ClassVar[tuple[str, ...]] = ()    # keys naming files: relative = to the experiment folder, saved absolute
+
+    def check(self) -> list[str]:
+        """Problems beyond a key's type and CHOICES (a method's config adds its own)."""
+        return [f"method.clip_eps={self.clip_eps} must be > 0"] if self.clip_eps <= 0 else []
 
 
 @dataclass
@@ -75,6 +80,8 @@ class TrainerConfig:
     log_rollouts: int = 8                    # attempts per step written to rollouts.jsonl
     max_nonfinite_steps: int = 3             # consecutive NaN/inf losses before stopping
     threads: int = 0                         # torch threads per rank; 0 = cores / ranks
+    export_to: str = ""                      # after the last step, export the model (scripts/export.sh's
+                                             # format) to this folder inside the run folder; "" = don't
 
 
 @dataclass
@@ -214,8 +221,9 @@ def validate(cfg: RunConfig) -> None:
     if cfg.trainer.steps > 0 and cfg.rollout.attempts_per_prompt < 2:
         raise ConfigError(f"rollout.attempts_per_prompt={cfg.rollout.attempts_per_prompt}: group-relative "
                           "advantages need at least 2 attempts per prompt")
-    if cfg.method.clip_eps <= 0:
-        raise ConfigError(f"method.clip_eps={cfg.method.clip_eps} must be > 0")
+    problems = cfg.method.check()
+    if problems:
+        raise ConfigError("; ".join(problems))
     _validate_scale(cfg)
 
 
@@ -307,6 +315,10 @@ def load_config(experiment_dir: str | Path | None = None, overrides: list[str] =
     if template and not Path(template).is_absolute():
         # Named relative to the experiment folder; saved absolute, so a resumed run still finds it.
         run_cfg.teacher.prompt_template = str((Path(experiment_dir or ".") / template).resolve())
+    for key in type(run_cfg.method).PATHS:       # a method's files, e.g. teacher_distill's teacher model
+        path = getattr(run_cfg.method, key)
+        if path and not Path(path).is_absolute():
+            setattr(run_cfg.method, key, str((Path(experiment_dir or ".") / path).resolve()))
     validate(run_cfg)
     return run_cfg
 

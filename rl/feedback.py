@@ -34,13 +34,14 @@ def request_for(problem: Problem, attempt: str, verdict: Verdict) -> HintRequest
 
 def hint_failed_attempts(teacher: Teacher, guard: LeakGuard, tok: ByteTokenizer,
                          problems: list[Problem], attempts: list[str],
-                         verdicts: list[Verdict]) -> HintedRows:
-    """Ask the teacher about every attempt that did not earn full reward; keep safe hints.
+                         verdicts: list[Verdict], only: list[int] | None = None) -> HintedRows:
+    """Ask the teacher about every attempt that did not earn full reward (among the rows `only`,
+    if given); keep safe hints.
 
     A teacher that failed (malformed reply, endpoint down) leaves that attempt without a hint;
     the failure and the raw reply are kept for the run's counts and rollouts.jsonl.
     """
-    failed = [i for i, v in enumerate(verdicts) if v.reward < 1.0]
+    failed = [i for i in (range(len(verdicts)) if only is None else only) if verdicts[i].reward < 1.0]
     hints = teacher.write_hints([request_for(problems[i], attempts[i], verdicts[i]) for i in failed])
     out = HintedRows([], [], [], requested=len(failed))
     for i, hint in zip(failed, hints):

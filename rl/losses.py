@@ -71,6 +71,30 @@ def policy_gradient_loss(logp_NC, old_logp_NC, adv_N, mask_NC, norm: float, clip
     return loss, {"loss/pg": loss.item(), "train/clip_frac": clip_frac}
 
 
+def truncated_is_loss(logp_NC, behaviour_logp_NC, adv_N, mask_NC, norm: float, is_clip: float):
+    """Policy gradient for rows sampled from another distribution (corrected trajectories: sampled
+    with a hint, trained without it), with truncated importance weights per token:
+
+        ρ_t = π_θ(y_t | x, y_<t) / π_b(y_t | x, h, y_<t),   L = −1/norm Σ_t min(ρ_t, c) A
+
+    The loss value is min(ρ, c) A and its gradient min(ρ, c) A ∇log π_θ: the weight is detached,
+    so a token the hint-free policy finds far likelier than the hinted one (ρ > c) keeps a bounded
+    step (Guide-GRPO's reweighting toward the hint-free policy; the truncation as in SDPO's IS
+    clip and truncated IS). Without any weight the rows would act as SFT on the hinted samples
+    (LUFFY). Per token, not per sequence: a product over a sequence's ratios has a variance
+    exponential in its length.
+    """
+    # Masked-out positions may hold -inf (padding): exp(-inf - -inf) is NaN, and a NaN reaches the
+    # gradient through a select's zero, so they are replaced before any arithmetic.
+    logp_NC = torch.where(mask_NC.bool(), logp_NC, torch.zeros((), dtype=logp_NC.dtype, device=logp_NC.device))
+    ratio_NC = torch.exp((logp_NC - behaviour_logp_NC).detach())
+    weight_NC = ratio_NC.clamp(max=is_clip)
+    per_token = weight_NC * torch.exp(logp_NC - logp_NC.detach()) * adv_N[:, None]
+    loss = -_masked_sum(per_token, mask_NC) / norm
+    return loss, {"loss/pg_corrected": loss.item(), "corrected/is_ratio_mean": _mean(ratio_NC, mask_NC),
+                  "corrected/is_clipped_frac": _mean((ratio_NC > is_clip).float(), mask_NC)}
+
+
 def span_to_first_divergence(teacher_argmax_NC, tokens_NC, mask_NC):
     """Keep tokens up to and including the first one the teacher would not have produced.
 
@@ -93,16 +117,46 @@ def distill_kl_loss(student_logp_NCV, teacher_logp_NCV, mask_NC, norm: float, ki
     jsd:     ½ KL(s‖m) + ½ KL(t‖m),  m = ½ (s + t)
     Tokens where a distribution is 0 (banned ids: log-prob -inf) contribute 0.
     """
-    s, t = student_logp_NCV, teacher_logp_NCV.detach()
+    kl = divergence(student_logp_NCV, teacher_logp_NCV.detach(), kind)
+    loss = _masked_sum(kl, mask_NC) / norm
+    return loss, {"loss/distill": loss.item(), "hint/kl_per_token": _mean(kl.detach(), mask_NC)}
+
+
+def divergence(s, t, kind: str):
+    """Per-position divergence between log-distributions s (student) and t (teacher) over the last axis."""
     if kind == "reverse":
-        kl = _xlogy_diff(s, s, t)
-    elif kind == "forward":
-        kl = _xlogy_diff(t, t, s)
-    elif kind == "jsd":
+        return _xlogy_diff(s, s, t)
+    if kind == "forward":
+        return _xlogy_diff(t, t, s)
+    if kind == "jsd":
         m = torch.logaddexp(s, t) - math.log(2.0)
-        kl = 0.5 * _xlogy_diff(s, s, m) + 0.5 * _xlogy_diff(t, t, m)
-    else:
-        raise ValueError(f"distill kind {kind!r}: choose reverse, forward or jsd")
+        return 0.5 * _xlogy_diff(s, s, m) + 0.5 * _xlogy_diff(t, t, m)
+    raise ValueError(f"distill kind {kind!r}: choose reverse, forward or jsd")
+
+
+def _log_rest(top_logp_NCK):
+    """log(1 - Σ_k exp(top)), the log-mass outside the top k, floored at log(1e-12) so that a
+    top-k holding (numerically) all the mass gives a finite bucket and a finite gradient."""
+    return torch.log((-torch.expm1(torch.logsumexp(top_logp_NCK, dim=-1))).clamp(min=1e-12))
+
+
+def topk_distill_loss(student_logp_NCV, teacher_topk_logp_NCK, teacher_topk_ids_NCK, mask_NC, norm: float,
+                      kind: str = "reverse"):
+    """The divergence over K + 1 buckets: the teacher's k most likely tokens, and all the others
+    as one tail bucket (SDPO's top-k distillation with the tail added). The student's bucket
+    log-probs are its log-probs at the teacher's top-k ids and the log of its remaining mass.
+
+    Why the teacher's support and not the student's (SDPO's local objective uses the student's
+    top-k): teacher scores are computed before the training forward and keep only O(k) numbers
+    per token; the student's top-k is known only in that forward. Student mass outside the
+    teacher's top-k is still penalised, through the tail bucket. TRL's SDPO does the same when
+    its teacher is served.
+    """
+    s_top = student_logp_NCV.gather(-1, teacher_topk_ids_NCK)
+    s = torch.cat([s_top, _log_rest(s_top)[..., None]], dim=-1)
+    t_top = teacher_topk_logp_NCK.detach()
+    t = torch.cat([t_top, _log_rest(t_top)[..., None]], dim=-1)
+    kl = divergence(s, t, kind)
     loss = _masked_sum(kl, mask_NC) / norm
     return loss, {"loss/distill": loss.item(), "hint/kl_per_token": _mean(kl.detach(), mask_NC)}
 

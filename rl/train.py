@@ -100,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
               f"student, method {cfg.method.name}, seed {cfg.seed}, {trainer.world} rank(s), "
               f"ZeRO-{cfg.deepspeed.zero_stage})", flush=True)
     final = trainer.train()
+    if trainer.is_main and cfg.trainer.export_to:
+        from rl.export import export     # reads the final checkpoint, which every rank has written
+
+        print(f"exported the final model to {export(run_dir, run_dir / cfg.trainer.export_to)}", flush=True)
     if trainer.is_main:
         summary = ", ".join(f"{k}={v:.3f}" for k, v in final.items())
         print(f"done: {summary}\nrun folder: {run_dir}\n"

@@ -6,7 +6,10 @@
 Everything the step knows sits in one `Batch` (rl/batch.py); a method (rl/methods/) adds stages
 and loss terms without the step changing. Generation and scoring go through the policy interface
 (student/policy.py): `self.policy` (no gradient: rollouts, teacher scores, evaluation) and
-`self.train_policy` (the training forward, through the DeepSpeed engine).
+`self.train_policy` (the training forward, through the DeepSpeed engine). A distilling method's
+self-teacher runs on `self.teacher_weights` (the live student, an EMA of it, or its weights when RL
+began: rl/teacher_weights.py). Every step's generated, scored and trained tokens are counted
+(rl/budget.py), so runs can be compared at equal compute.
 
 One step = one optimizer update. Steps count warm-start steps too, so a run's curves show the
 warm-start and the RL phase on one axis (`warmstart.steps` marks the boundary).
@@ -29,6 +32,7 @@ from tqdm import tqdm
 
 from rl import checkpoint
 from rl.batch import Batch, micro_batches
+from rl.budget import Budget, Metered
 from rl.config import RunConfig, to_yaml
 from rl import distributed as dist
 from rl.engine import build_engine, call_through
@@ -38,6 +42,7 @@ from rl.methods import StepContext, get_method
 from rl.rollout_model import RolloutModel
 from rl.runlog import RunLogger
 from rl.tasks import TaskSource
+from rl.teacher_weights import TeacherWeights
 from rl.warmstart import demonstrations, right_pad
 from student import ByteTokenizer, build_student, count_parameters
 from student.policy import Sampling, build_policy, left_pad
@@ -70,12 +75,20 @@ class Trainer:
         # What generates and scores without gradient: the module itself, or a synced full copy (ZeRO-3).
         self.rollout = RolloutModel(self.engine, lambda: build_student(cfg.student, self.tok))
         self.policy, self.train_policy = self._policies()
+        mode, ema_rate = self.method.teacher_weights()
+        self.teacher_weights = TeacherWeights(
+            mode, ema_rate, self.rollout, lambda: build_student(cfg.student, self.tok),
+            lambda module: build_policy(module, lean=cfg.student.lean_forward, pad_id=self.tok.pad_id,
+                                        banned_ids=self.tok.never_sampled), self.policy)
+        self.budget = Budget()
         self.sampling = Sampling(max_new_tokens=cfg.rollout.max_new_tokens, eos_id=self.tok.eos_id,
                                  pad_id=self.tok.pad_id, temperature=cfg.rollout.temperature)
         self.ckpt_dir = run_dir / "checkpoints"
         self.step, self.nonfinite_streak, resume_step = 0, 0, None
         if cfg.resume:
-            self.step, self.tasks.cursor = checkpoint.load(self.engine, self.ckpt_dir, self.rng)
+            self.step, self.tasks.cursor, state, path = checkpoint.load(self.engine, self.ckpt_dir, self.rng)
+            self.budget.load(state.get("budget"))
+            self.teacher_weights.load(path)
             resume_step = self.step
         self.log = RunLogger(run_dir, to_yaml(cfg), resume_step) if self.is_main else None
         self.n_params = count_parameters(self.rollout.module)
@@ -112,6 +125,7 @@ class Trainer:
                 metrics = self.warmstart_step() if in_warmstart else self.rl_step()
                 self.step += 1
                 metrics["time/step_s"] = time.perf_counter() - start
+                metrics.update(self.budget.close_step())
                 metrics = dist.mean_over_ranks(metrics)
                 if self._eval_due(self.step):
                     last_eval = self.evaluate()
@@ -120,7 +134,8 @@ class Trainer:
                     self.log.log_metrics(self.step, metrics)
                 if self.step % cfg.trainer.checkpoint_every == 0 or self.step == self.total_steps:
                     checkpoint.save(self.engine, self.ckpt_dir, self.step, self.tasks.cursor,
-                                    self.rng, cfg.trainer.keep_checkpoints)
+                                    self.rng, cfg.trainer.keep_checkpoints, state={"budget": self.budget.state()},
+                                    write=self.teacher_weights.save)
                 bar.update(1)
                 bar.set_postfix(phase="warm" if in_warmstart else "rl",
                                 reward=f"{metrics.get('train/reward_mean', float('nan')):.2f}",
@@ -140,7 +155,9 @@ class Trainer:
         self.rollout.sync()
         self.rollout.module.eval()
         mine = self.tasks.eval_problems[self.rank::self.world]
-        counts = evaluate(self.policy, mine, self.tasks, self.teacher, self.tok, self.cfg.rollout.max_new_tokens)
+        teacher = self.teacher_weights.policy() if self.teacher_weights.started else self.policy
+        counts = evaluate(self.policy, mine, self.tasks, self.teacher, self.tok, self.cfg.rollout.max_new_tokens,
+                          teacher_policy=teacher)
         return eval_metrics(dist.sum_over_ranks(counts))
 
     # ------------------------------------------------------------------ warm-start
@@ -151,6 +168,7 @@ class Trainer:
                                           ws.hint_fraction)
         answers_NC, mask_NC = right_pad(answers, tok.pad_id, self.policy.device)
         norm = self._normaliser("token", mask_NC, len(prompts))
+        self.budget.add("trained", sum(map(len, prompts)) + int(mask_NC.sum()))
         self.engine.train()
 
         def loss_of(index: list[int]):
@@ -173,8 +191,10 @@ class Trainer:
             timings[f"time/{name}_s"] = now - clock
             clock = now
 
+        self.teacher_weights.start()         # ema / frozen: the student's weights when RL begins
         batch, metrics = self.collect(lap)
         metrics.update(self.update(batch))
+        self.teacher_weights.update()        # ema: one step toward the updated student
         if self._eval_due(self.step + 1):
             metrics.update(self._expert_load(batch))
         metrics.update(self._rl_stats(batch, self.cfg.rollout.attempts_per_prompt))
@@ -192,7 +212,8 @@ class Trainer:
         prompts = [tok.render_prompt(p.prompt) for p in group]
         self.rollout.sync()
         self.rollout.module.eval()
-        roll = self.policy.generate(prompts, self.sampling)
+        policy = self._metered(self.policy)
+        roll = policy.generate(prompts, self.sampling)
         attempts = [tok.decode(row.tolist()) for row in roll.completion_ids_NC]
         lap("rollout")
 
@@ -209,7 +230,9 @@ class Trainer:
         lap("verify")
 
         # 4. the method's own stages (hints, teacher scores, extra rows)
-        ctx = StepContext(self.policy, self.teacher, self.guard, tok, self.tasks, cfg, lap)
+        ctx = StepContext(policy=policy, teacher_policy=self._metered(self.teacher_weights.policy()),
+                          diagnostic=self.policy, teacher=self.teacher, guard=self.guard, tok=tok, tasks=self.tasks,
+                          cfg=cfg, sampling=self.sampling, metered=self._metered, lap=lap)
         return batch, self.method.extend(batch, ctx)
 
     def update(self, batch: Batch) -> dict[str, float]:
@@ -218,6 +241,7 @@ class Trainer:
         the step's one normaliser, backward; the optimizer step after the last."""
         cfg = self.cfg
         norm = self._normaliser(cfg.method.loss_norm, batch.mask_NC, batch.n)
+        self.budget.add("trained", sum(map(len, batch.prompt_ids)) + int(batch.mask_NC.sum()))
         replay = cfg.student.router_replay
         self.engine.train()
 
@@ -235,6 +259,9 @@ class Trainer:
         return metrics
 
     # ------------------------------------------------------------------ helpers
+    def _metered(self, policy):
+        return Metered(policy, self.budget, self.tok.pad_id)
+
     def _my_slice(self, batch: list) -> list:
         """This rank's contiguous share of a global batch (sizes are validated to divide)."""
         share = len(batch) // self.world
@@ -313,6 +340,7 @@ class Trainer:
         num_experts, out = self.cfg.student.num_experts, {}
         for layer, ids_NSK in enumerate(batch.routes.per_row()):
             ids = ids_NSK[real_NS[:, :ids_NSK.shape[1]]].flatten()
+            ids = ids[ids >= 0]                 # free slots (rows a method added) were not routed at rollout
             share = torch.bincount(ids, minlength=num_experts).float() / max(1, ids.numel())
             out.update({f"expert_load/layer{layer}/expert{e}": share[e].item() for e in range(num_experts)})
         return out

@@ -261,10 +261,14 @@ class LeanForward:
         if forced is None:
             w_TK, ids_TK = ops.topk_gating(logits_TE, self.top_k, self.renorm)
         else:
-            w_TK, ids_TK = ops.topk_gating(logits_TE, self.top_k, self.renorm, forced[li])
+            # A row of -1 ids is free (as in RouterReplay): the router's own choice, not counted.
+            own_TK = ops.topk_gating(logits_TE.detach(), self.top_k, self.renorm)[1]
+            forced_TK = forced[li].to(own_TK.device)
+            free_T = forced_TK[:, 0] < 0
+            forced_TK = torch.where(free_T[:, None], own_TK, forced_TK)
+            w_TK, ids_TK = ops.topk_gating(logits_TE, self.top_k, self.renorm, forced_TK)
             if replay is not None:          # how often the router would have chosen otherwise
-                own_TK = ops.topk_gating(logits_TE.detach(), self.top_k, self.renorm)[1]
-                replay.count(li, ids_TK, own_TK)
+                replay.count(li, ids_TK, own_TK, forced_N=~free_T)
         if log is not None:
             log.ids[li].append(ids_TK.detach())
             if log.logits is not None:
@@ -285,8 +289,8 @@ class LeanForward:
 
         bias_N1ST: additive attention bias (0 or -inf) over the T keys the layer attends to (unused
         by a SharedPrefix, which holds its own); every query must see at least one key. forced[l]:
-        (N*S, K) expert ids for routed layer l; `replay` (a RouterReplay) then counts how often they
-        differ from the router's own choice.
+        (N*S, K) expert ids for routed layer l, a row of -1 leaving that token to the router; `replay`
+        (a MismatchCounter) then counts how often the forced ids differ from the router's own choice.
         """
         m = self.model.model
         n, s = ids_NS.shape

@@ -55,7 +55,8 @@ class Sampling:
 @dataclass
 class Routes:
     """The experts each routed layer picked at rollout: each distinct prompt once, then every
-    row's fed completion tokens (all but the last, which predicts nothing scored)."""
+    row's fed completion tokens (all but the last, which predicts nothing scored). A token whose
+    ids are all -1 is free: replay leaves it to the router and does not count it."""
     prompt_of_row_N: torch.Tensor     # long (N,): row -> distinct prompt
     prompt: list[torch.Tensor]        # per layer (U, P, K), left-padded like the prompts
     completion: list[torch.Tensor]    # per layer (N, C-1, K)
@@ -74,6 +75,19 @@ class Routes:
         renumber = torch.full((len(self.prompt[0]),), -1, dtype=torch.long, device=of_row.device)
         renumber[kept] = torch.arange(len(kept), device=of_row.device)
         return Routes(renumber[of_row], [p[kept] for p in self.prompt], [c[index] for c in self.completion])
+
+    def widen(self, tokens: int) -> "Routes":
+        """The same routes over `tokens` fed completion tokens, the added ones free."""
+        extra = tokens - self.completion[0].size(1)
+        if extra < 0:
+            raise ValueError(f"cannot widen routes of {self.completion[0].size(1)} tokens to {tokens}")
+        return Routes(self.prompt_of_row_N, self.prompt,
+                      [torch.cat([c, c.new_full((c.size(0), extra, c.size(2)), -1)], dim=1) for c in self.completion])
+
+    def add_rows(self, prompt_of_row_N: torch.Tensor, completion: list[torch.Tensor]) -> "Routes":
+        """These routes and more rows after them, on the same distinct prompts (equal widths)."""
+        return Routes(torch.cat([self.prompt_of_row_N, prompt_of_row_N]), self.prompt,
+                      [torch.cat([a, b]) for a, b in zip(self.completion, completion)])
 
 
 @dataclass

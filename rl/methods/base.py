@@ -25,15 +25,29 @@ from student.policy import Policy, Scores
 
 @dataclass
 class StepContext:
-    """What a method's stages may use: the no-gradient policy (rollouts, teacher scoring), the
-    teacher and its leak guard, the tokenizer, the task source, the run config, and `lap(name)`,
-    which closes the timing of the stage just run as time/<name>_s."""
+    """What a method's stages may use:
+
+    policy          the student without gradient (rollouts, regenerations), its work counted in
+                    the step's budget (rl/budget.py)
+    teacher_policy  the self-teacher's weights (`method.teacher_weights`, rl/teacher_weights.py;
+                    the student itself when live), counted too
+    diagnostic      the student without gradient, not counted: forwards that only measure
+    teacher         the hint writer (teacher/), with its leak guard
+    tok, tasks, cfg the tokenizer, the task source, the run config
+    sampling        the rollout's sampling settings
+    metered(policy) the policy with its work counted in the step's budget (a method's own models)
+    lap(name)       closes the timing of the stage just run as time/<name>_s
+    """
     policy: Policy
+    teacher_policy: Policy
+    diagnostic: Policy
     teacher: object
     guard: object
     tok: object
     tasks: object
     cfg: object
+    sampling: object
+    metered: Callable[[Policy], Policy]
     lap: Callable[[str], None]
 
 
@@ -44,6 +58,11 @@ class Method:
 
     def __init__(self, cfg: MethodConfig):
         self.cfg = cfg
+
+    def teacher_weights(self) -> tuple[str, float]:
+        """(mode, ema_rate): whose weights `ctx.teacher_policy` runs on (rl/teacher_weights.py);
+        the live student unless the method's config says otherwise."""
+        return "live", 0.0
 
     def extend(self, batch: Batch, ctx: StepContext) -> dict[str, float]:
         """The method's own stages on the verified batch; returns their metrics."""

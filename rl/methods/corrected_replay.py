@@ -1,0 +1,130 @@
+"""Corrected replay: learn from what the student does with the hint, without the hint.
+
+Guide-GRPO (Nath et al. 2025, arXiv 2506.13923): for failed attempts that got a teacher hint
+(`when: all_fail`, Guide's setting, only in groups where every attempt failed; `failed`: every
+failed attempt), the student regenerates the target message with the hint in its context
+(`corrections_per_attempt` samples each), the verifier scores the regenerations, and they join
+their prompt's group as extra rows whose context is the problem *without* the hint. Advantages are
+taken over the grown group, so a corrected success in an all-fail group is the group's only
+positive signal. Their policy-gradient term is reweighted toward the hint-free policy,
+ρ_t = π_θ(y_t | x) / π_old(y_t | x, h) per token, truncated at `is_clip`
+(rl/losses.py::truncated_is_loss); the rollout rows keep GRPO's PPO-clip term.
+
+Routes: a corrected row's prompt is the rollout's own hint-free prompt, whose recorded routes are
+replayed as usual; its completion was routed under the hinted prompt, which the training forward
+does not see, so those tokens are left to the router (free routes). `check_routes` measures how
+often the hint-free router picks other experts for them than the hinted generation did
+(`corrected/route_mismatch`), with one no-gradient forward over the corrected rows that is a
+measurement, not part of the method, and is not counted in the step's budget.
+
+Metrics: corrected/success_rate (share of regenerations the verifier accepts), corrected/rows,
+corrected/is_ratio_mean, corrected/is_clipped_frac, corrected/route_mismatch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from rl.batch import Batch
+from rl.config import MethodConfig
+from rl.feedback import hint_failed_attempts
+from rl.losses import group_advantages, policy_gradient_loss, truncated_is_loss
+from rl.methods.grpo import GRPO
+from student.policy import Routes, distinct_prompts
+
+
+@dataclass
+class CorrectedReplayConfig(MethodConfig):
+    when: str = "all_fail"                   # which failed attempts get a correction: all_fail (Guide) or failed
+    corrections_per_attempt: int = 1         # regenerations under each hint
+    is_clip: float = 2.0                     # truncation of the per-token importance weight
+    check_routes: bool = True                # measure corrected/route_mismatch (an uncounted forward)
+
+    CHOICES: ClassVar[dict[str, tuple]] = {**MethodConfig.CHOICES, "when": ("all_fail", "failed")}
+
+    def check(self) -> list[str]:
+        problems = super().check()
+        if self.corrections_per_attempt < 1:
+            problems.append(f"method.corrections_per_attempt={self.corrections_per_attempt} must be >= 1")
+        if self.is_clip <= 0:
+            problems.append(f"method.is_clip={self.is_clip} must be > 0")
+        return problems
+
+
+def candidates(batch: Batch, when: str) -> list[int]:
+    """Failed rollout rows eligible for a correction."""
+    failed = [i for i, v in enumerate(batch.verdicts) if v.reward < 1.0]
+    if when == "failed":
+        return failed
+    solved_groups = {int(batch.group_N[i]) for i, v in enumerate(batch.verdicts) if v.reward >= 1.0}
+    return [i for i in failed if int(batch.group_N[i]) not in solved_groups]
+
+
+class CorrectedReplay(GRPO):
+    name = "corrected_replay"
+    summary = ("Guide-GRPO: failed attempts regenerated under the teacher's hint join their group hint-free, "
+               "policy gradient with truncated IS weights pi(o|x) / pi_old(o|x,h)")
+    Config = CorrectedReplayConfig
+
+    def extend(self, batch, ctx):
+        m = self.cfg
+        hinted = hint_failed_attempts(ctx.teacher, ctx.guard, ctx.tok, batch.problems, batch.attempts, batch.verdicts,
+                                      only=candidates(batch, m.when))
+        batch.hinted = hinted
+        ctx.lap("teacher")
+        metrics = {"corrected/rows": 0.0}
+        if not hinted.rows:
+            return metrics
+        source = [r for r in hinted.rows for _ in range(m.corrections_per_attempt)]
+        hinted_prompts = [p for p in hinted.prompt_ids for _ in range(m.corrections_per_attempt)]
+        roll = ctx.policy.generate(hinted_prompts, ctx.sampling)
+        attempts = [ctx.tok.decode(row.tolist()) for row in roll.completion_ids_NC]
+        problems = [batch.problems[r] for r in source]
+        verdicts = [ctx.tasks.verify(p, a) for p, a in zip(problems, attempts)]
+        ctx.lap("regenerate")
+
+        dev = batch.completion_ids_NC.device
+        index = torch.tensor(source, dtype=torch.long, device=dev)
+        # The hint-free prompt's routes are the rollout's (same distinct prompt); the completion's are free.
+        free = [torch.full_like(c, -1) for c in roll.routes.completion]
+        corrected = Batch(problems=problems, prompt_ids=[batch.prompt_ids[r] for r in source],
+                          completion_ids_NC=roll.completion_ids_NC, mask_NC=roll.mask_NC,
+                          old_logprobs_NC=roll.logprobs_NC,
+                          routes=Routes(batch.routes.prompt_of_row_N[index], batch.routes.prompt, free),
+                          attempts=attempts, verdicts=verdicts,
+                          rewards_N=torch.tensor([v.reward for v in verdicts], device=dev),
+                          group_N=batch.group_N[index], source=["corrected"] * len(source))
+        if m.check_routes:
+            metrics["corrected/route_mismatch"] = self._route_mismatch(ctx, corrected, roll.routes)
+        batch.add_rows(corrected, ctx.tok.pad_id)
+        batch.advantages_N = group_advantages(batch.rewards_N, batch.group_N, m.adv_std_norm)
+        metrics.update({"corrected/rows": float(len(source)),
+                        "corrected/success_rate": sum(v.reward >= 1.0 for v in verdicts) / len(verdicts)})
+        return metrics
+
+    @staticmethod
+    def _route_mismatch(ctx, corrected: Batch, hinted_routes: Routes) -> float:
+        """Share of the corrected completions' routing slots where the hint-free router picks an
+        expert the hinted generation did not: their hinted routes replayed, the prompts left free."""
+        distinct, of_row = distinct_prompts(corrected.prompt_ids, hinted_routes.prompt_of_row_N.device)
+        width, k = max(len(p) for p in distinct), hinted_routes.completion[0].size(-1)
+        free = [c.new_full((len(distinct), width, k), -1) for c in hinted_routes.completion]
+        ctx.diagnostic.take_replay_mismatch()
+        with torch.no_grad():
+            ctx.diagnostic.score(corrected.prompt_ids, corrected.completion_ids_NC,
+                                 routes=Routes(of_row, free, hinted_routes.completion))
+        return ctx.diagnostic.take_replay_mismatch()
+
+    def loss(self, micro, scores, norm):
+        rollout = torch.tensor([s != "corrected" for s in micro.source], device=micro.mask_NC.device)
+        loss, metrics = policy_gradient_loss(scores.logprobs_NC, micro.old_logprobs_NC, micro.advantages_N,
+                                             micro.mask_NC & rollout[:, None], norm, self.cfg.clip_eps, micro.weight_N)
+        if not bool(rollout.all()):
+            corrected = micro.mask_NC & ~rollout[:, None]
+            extra, more = truncated_is_loss(scores.logprobs_NC, micro.old_logprobs_NC, micro.advantages_N, corrected,
+                                            norm, self.cfg.is_clip)
+            loss = loss + extra
+            metrics.update(more)
+        return loss, metrics
