@@ -7,7 +7,8 @@ import torch
 import pytest
 
 from rl.losses import (distill_kl_loss, group_advantages, normaliser, policy_gradient_loss,
-                       sampled_distill_loss, sft_loss, span_to_first_divergence)
+                       sampled_distill_loss, sft_loss, span_to_first_divergence, topk_distill_loss,
+                       truncated_is_loss)
 
 
 def test_group_advantages_dr_grpo_and_std():
@@ -175,3 +176,60 @@ def test_distill_span_stops_after_first_teacher_disagreement():
     agree = torch.tensor([[1, 2, 0, 0]])
     assert span_to_first_divergence(t.argmax(-1), agree, torch.tensor([[True, True, True, False]])).tolist() \
         == [[True, True, True, False]]
+
+
+# ---------------------------------------------------------------------- top-k distillation
+def test_topk_distill_by_hand():
+    """Buckets = the teacher's top 2 ids + the rest. Student (0.5, 0.3, 0.2) over ids (0, 1, 2), teacher
+    (0.1, 0.7, 0.2): teacher top-2 = ids 1, 0 -> teacher buckets (0.7, 0.1, 0.2), student (0.3, 0.5, 0.2)."""
+    s = torch.log(torch.tensor([0.5, 0.3, 0.2]))[None, None]
+    t = torch.log(torch.tensor([0.1, 0.7, 0.2]))
+    top, ids = t.topk(2)
+    mask = torch.ones(1, 1, dtype=torch.bool)
+    loss, m = topk_distill_loss(s, top[None, None], ids[None, None], mask, norm=2.0, kind="reverse")
+    sb, tb = [0.3, 0.5, 0.2], [0.7, 0.1, 0.2]
+    expected = sum(p * math.log(p / q) for p, q in zip(sb, tb))
+    assert loss.item() == pytest.approx(expected / 2, rel=1e-5)
+    assert m["hint/kl_per_token"] == pytest.approx(expected, rel=1e-5)
+    fwd, _ = topk_distill_loss(s, top[None, None], ids[None, None], mask, 1.0, "forward")
+    assert fwd.item() == pytest.approx(sum(q * math.log(q / p) for p, q in zip(sb, tb)), rel=1e-5)
+
+
+def test_topk_distill_with_every_token_in_the_top_k_is_the_full_divergence():
+    g = torch.Generator().manual_seed(0)
+    s = torch.log_softmax(torch.randn(2, 3, 5, generator=g), -1)
+    t = torch.log_softmax(torch.randn(2, 3, 5, generator=g), -1)
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    top, ids = t.topk(5, dim=-1)
+    for kind in ("reverse", "forward", "jsd"):
+        full, _ = distill_kl_loss(s, t, mask, 3.0, kind)
+        topk, _ = topk_distill_loss(s, top, ids, mask, 3.0, kind)
+        # the tail bucket holds (numerically) nothing: floored at 1e-12 on both sides
+        assert topk.item() == pytest.approx(full.item(), abs=1e-6), kind
+
+
+def test_topk_distill_gradient_moves_student_toward_teacher_buckets():
+    theta = torch.zeros(1, 1, 4, requires_grad=True)
+    t = torch.log(torch.tensor([0.7, 0.2, 0.05, 0.05]))
+    top, ids = t.topk(1)
+    loss, _ = topk_distill_loss(torch.log_softmax(theta, -1), top[None, None], ids[None, None],
+                                torch.ones(1, 1, dtype=torch.bool), 1.0, "jsd")
+    loss.backward()
+    # descending the loss raises the teacher's top token, lowers the others
+    assert theta.grad[0, 0, 0] < 0 and (theta.grad[0, 0, 1:] > 0).all()
+
+
+# ---------------------------------------------------------------------- corrected rows
+def test_truncated_is_loss_value_gradient_and_clip():
+    """Two tokens with ratios 0.5 and 3 (clip 2), advantage 1, norm 4: value -(0.5 + 2) / 4; the
+    gradient on each token's log-prob is -min(ratio, clip) * A / norm; a padded -inf stays out."""
+    old = torch.log(torch.tensor([[0.4, 0.1, 0.5]]))
+    logp = torch.log(torch.tensor([[0.2, 0.3, 0.0]])).requires_grad_(True)    # last: -inf, masked out
+    mask = torch.tensor([[True, True, False]])
+    loss, m = truncated_is_loss(logp, old, torch.tensor([1.0]), mask, norm=4.0, is_clip=2.0)
+    assert loss.item() == pytest.approx(-(0.5 + 2.0) / 4, rel=1e-5)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-0.5 / 4, -2.0 / 4, 0.0]]))
+    assert m["corrected/is_ratio_mean"] == pytest.approx((0.5 + 3.0) / 2, rel=1e-5)
+    assert m["corrected/is_clipped_frac"] == pytest.approx(0.5)
+    assert m["loss/pg_corrected"] == pytest.approx(loss.item())
