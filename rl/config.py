@@ -142,13 +142,18 @@ def _describe(err: OmegaConfBaseException) -> str:
 
 
 def _method_schema(cfg: DictConfig, name: str) -> DictConfig:
-    """cfg's method section retyped as method `name`'s config: the keys that method also has keep
-    their values, the others (another method's) are dropped. An unknown name keeps the common
-    keys (validate() names the error)."""
+    """cfg's method section retyped as method `name`'s config: keys that method also has keep the
+    values set for them, the others (another method's) are dropped. A value still at the old
+    method's default is not kept: methods default shared keys differently (self_distill's
+    distill_kl is jsd, hint_distill's reverse), and the new method's default applies. An unknown
+    name keeps the common keys (validate() names the error)."""
     from rl.methods import METHODS
 
     schema = OmegaConf.structured(METHODS[name].Config if name in METHODS else MethodConfig)
-    kept = {k: v for k, v in OmegaConf.to_container(cfg.method).items() if k in schema}
+    old = cfg.method.name
+    old_defaults = OmegaConf.structured(METHODS[old].Config if old in METHODS else MethodConfig)
+    kept = {k: v for k, v in OmegaConf.to_container(cfg.method).items()
+            if k in schema and (k not in old_defaults or v != old_defaults[k])}
     return OmegaConf.merge(schema, {**kept, "name": name})
 
 

@@ -191,7 +191,6 @@ class Trainer:
             timings[f"time/{name}_s"] = now - clock
             clock = now
 
-        self.teacher_weights.start()         # ema / frozen: the student's weights when RL begins
         batch, metrics = self.collect(lap)
         metrics.update(self.update(batch))
         self.teacher_weights.update()        # ema: one step toward the updated student
@@ -205,6 +204,7 @@ class Trainer:
     def collect(self, lap=lambda name: None) -> tuple[Batch, dict[str, float]]:
         """The step's batch: rollout, verification, advantages, then the method's own stages."""
         cfg, tok, ro = self.cfg, self.tok, self.cfg.rollout
+        self.teacher_weights.start()         # ema / frozen: the student's weights when RL begins (once)
         # 1. rollout: G attempts per problem, with the sampling distribution's log-probs and routes
         problems = self._my_slice(self.tasks.next_batch(ro.prompts_per_step))
         self.tasks.assert_disjoint(problems)

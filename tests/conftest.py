@@ -44,3 +44,23 @@ def run_cli(args, timeout=300):
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-m", "rl.train", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def exported_teacher(tmp_path_factory):
+    """A model folder in scripts/export.sh's format (transformers' save_pretrained + our tokenizer),
+    wider than the TINY student."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rl.config import load_config
+    from student.model import model_config
+    from student.tokenizer import ByteTokenizer
+
+    out = tmp_path_factory.mktemp("teacher")
+    cfg = load_config(ROOT / "experiments" / "default", TINY + ["student.hidden_size=48"])
+    tok = ByteTokenizer()
+    torch.manual_seed(5)
+    AutoModelForCausalLM.from_config(model_config(cfg.student, tok)).save_pretrained(out)
+    tok.to_transformers().save_pretrained(out)
+    return out

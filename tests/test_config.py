@@ -16,9 +16,15 @@ def write(tmp_path, text):
 @pytest.mark.parametrize("path", sorted((ROOT / "experiments").glob("*/config.yaml")),
                          ids=lambda p: p.parent.name)
 def test_every_experiment_loads(path):
-    cfg = load_config(path.parent)
-    assert cfg.experiment == path.parent.name
     assert (path.parent / "README.md").is_file(), "an experiment folder needs its README.md"
+    try:
+        cfg = load_config(path.parent)
+    except ConfigError as err:
+        # Only an experiment that distils from another's exported model may fail, before that
+        # model exists, and it must say where to get it.
+        assert "method.teacher_path" in str(err) and "scripts/train.sh experiments/teacher" in str(err), err
+        return
+    assert cfg.experiment == path.parent.name
 
 
 def test_override_wins_over_yaml_and_defaults(tmp_path):

@@ -24,8 +24,14 @@ def only_run(base: Path) -> Path:
 @pytest.mark.parametrize("method, extra", [
     ("hint_distill", []), ("grpo", []),
     ("hint_distill", ["method.distill_estimator=sampled", "method.distill_span=all"]),
+    ("hint_distill", ["method.teacher_weights=ema", "method.distill_estimator=top_k"]),
+    ("corrected_replay", ["method.when=failed"]),
+    ("self_distill", ["method.context=solution_and_feedback"]),
+    ("teacher_distill", []),
 ])
-def test_short_run_writes_a_complete_run_folder(tmp_path, tiny_overrides, method, extra):
+def test_short_run_writes_a_complete_run_folder(tmp_path, tiny_overrides, method, extra, exported_teacher):
+    if method == "teacher_distill":
+        extra = [f"method.teacher_path={exported_teacher}"]
     out = run_cli(["experiments/default", *tiny_overrides, f"method.name={method}", *extra])
     assert out.returncode == 0, out.stderr[-3000:]
     run_dir = only_run(tmp_path / "runs" / "default")
@@ -46,8 +52,19 @@ def test_short_run_writes_a_complete_run_folder(tmp_path, tiny_overrides, method
     if method == "hint_distill":
         assert any("loss/distill" in m for m in metrics[4:])
         assert {"hint/rate", "hint/leak_rate"} <= set(metrics[-1])
-    else:
-        assert not any("loss/distill" in m or "hint/rate" in m for m in metrics)
+    if method in ("grpo", "corrected_replay"):
+        assert not any("loss/distill" in m for m in metrics)
+    if method == "corrected_replay":
+        assert all(m["corrected/rows"] > 0 for m in metrics[4:])        # a fresh student fails: hints, rows
+        assert all("loss/pg_corrected" in m for m in metrics[4:])
+    if method == "teacher_distill":
+        assert all("loss/distill" in m and m["budget/scored_tokens"] > 0 for m in metrics[4:])
+    if method == "grpo":
+        assert all(m["budget/scored_tokens"] == 0 for m in metrics[1:])
+    # compute accounting on every step, running totals that only grow
+    totals = [m["budget/generated_tokens_total"] for m in metrics[1:]]
+    assert totals[:3] == [0, 0, 0] and all(b >= a for a, b in zip(totals, totals[1:])) and totals[-1] > 0
+    assert {"eval/accuracy_with_hint", "eval/teacher_gap"} <= set(metrics[-1])
     rollouts = [json.loads(l) for l in (run_dir / "rollouts.jsonl").read_text().splitlines()]
     assert {"prompt", "attempt", "reward", "hint", "feedback", "step"} <= set(rollouts[0])
     assert {r["step"] for r in rollouts} == {4, 5, 6, 7}
@@ -71,6 +88,38 @@ def test_resume_continues_bit_identically(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     a, b = read_metrics(tmp_path / "a/default/r"), read_metrics(tmp_path / "b/default/r")
     assert [m["step"] for m in b] == [m["step"] for m in a]
+    assert a == b, "resumed run differs from the uninterrupted one"
+    ra = (tmp_path / "a/default/r/rollouts.jsonl").read_text()
+    assert ra == (tmp_path / "b/default/r/rollouts.jsonl").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [
+    ["method.name=hint_distill", "method.teacher_weights=ema", "method.ema_rate=0.3"],
+    ["method.name=self_distill", "method.context=feedback"],                 # EMA teacher, top-k JSD
+    ["method.name=corrected_replay", "method.when=failed"],
+    ["method.name=teacher_distill"],
+], ids=["hint_distill-ema", "self_distill", "corrected_replay", "teacher_distill"])
+def test_resume_mid_rl_is_bit_identical(tmp_path, extra, exported_teacher):
+    """Killed after RL step 3 of 4 (step 6, an eval step in both runs), resumed from that checkpoint:
+    the same run, metric for metric and sample for sample; the EMA teacher comes back from the
+    checkpoint (step 7's distillation and eval use it), and the budget's totals go on."""
+    import shutil
+
+    if extra == ["method.name=teacher_distill"]:
+        extra = extra + [f"method.teacher_path={exported_teacher}"]
+    base = TINY + ["trainer.checkpoint_every=3", *extra]
+    full = run_cli(["experiments/default", *base, f"output_dir={tmp_path / 'a'}", "run_name=r"])
+    assert full.returncode == 0, full.stderr[-3000:]
+    part = run_cli(["experiments/default", *base, f"output_dir={tmp_path / 'b'}", "run_name=r", "trainer.steps=3"])
+    assert part.returncode == 0, part.stderr[-3000:]
+    ckpt = tmp_path / "b/default/r/checkpoints/step_0000006"
+    if "ema" in str(extra) or "self_distill" in str(extra):
+        assert (ckpt / "teacher_weights.safetensors").is_file()
+    resumed = run_cli(["experiments/default", *base, f"output_dir={tmp_path / 'b'}", "resume=true"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = read_metrics(tmp_path / "a/default/r"), read_metrics(tmp_path / "b/default/r")
+    assert [m["step"] for m in b] == list(range(8))
     assert a == b, "resumed run differs from the uninterrupted one"
     ra = (tmp_path / "a/default/r/rollouts.jsonl").read_text()
     assert ra == (tmp_path / "b/default/r/rollouts.jsonl").read_text()

@@ -55,7 +55,7 @@ class CorrectedReplayConfig(MethodConfig):
 
 def candidates(batch: Batch, when: str) -> list[int]:
     """Failed rollout rows eligible for a correction."""
-    failed = [i for i, v in enumerate(batch.verdicts) if v.reward < 1.0]
+    failed = [i for i, v in enumerate(batch.verdicts) if v.reward < 1.0 and batch.source[i] == "rollout"]
     if when == "failed":
         return failed
     solved_groups = {int(batch.group_N[i]) for i, v in enumerate(batch.verdicts) if v.reward >= 1.0}

@@ -36,8 +36,9 @@ class TeacherDistillConfig(DistillConfig):
         if not self.teacher_path:
             problems.append("method.teacher_path is required: a model folder scripts/export.sh wrote")
         elif not (Path(self.teacher_path) / "config.json").is_file():
-            problems.append(f"method.teacher_path={self.teacher_path!r} is not a model folder (no config.json); "
-                            "export one with scripts/export.sh RUN_DIR OUT_DIR")
+            problems.append(f"method.teacher_path={self.teacher_path!r} is not a model folder (no config.json): "
+                            "export a run with scripts/export.sh RUN_DIR OUT_DIR, or train and export the "
+                            "default teacher with scripts/train.sh experiments/teacher")
         if self.pg_coef < 0:
             problems.append(f"method.pg_coef={self.pg_coef} must be >= 0")
         return problems
