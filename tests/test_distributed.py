@@ -158,3 +158,53 @@ def test_launcher_rank_count_must_match_the_config(tmp_path):
                           f"output_dir={tmp_path}"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode != 0 and "the launcher started 2 ranks" in out.stderr
+
+
+# ---------------------------------------------------------------------- the methods on two ranks
+METHODS = {
+    "hint_distill-ema": ["method.name=hint_distill", "method.teacher_weights=ema", "method.ema_rate=0.3"],
+    "self_distill": ["method.name=self_distill", "method.context=feedback"],       # EMA teacher, top-k JSD
+    "corrected_replay": ["method.name=corrected_replay", "method.when=failed"],
+    "teacher_distill": ["method.name=teacher_distill"],
+}
+LAYOUTS = {"z3": ["deepspeed.zero_stage=3"], "ep2": ["deepspeed.zero_stage=2", "deepspeed.expert_parallel_size=2"]}
+# CI runs one method per layout that the other layout does not cover; HINTRL_FULL_MATRIX=1 runs all
+# eight (what the closing note of the issue that added the methods reports).
+IN_CI = {("self_distill", "z3"), ("corrected_replay", "z3"), ("hint_distill-ema", "ep2"), ("teacher_distill", "ep2")}
+
+
+def _method_overrides(method, teacher):
+    extra = list(METHODS[method])
+    return extra + [f"method.teacher_path={teacher}"] if method == "teacher_distill" else extra
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("method", METHODS)
+def test_method_resumes_mid_rl_bit_identically_on_two_ranks(two_rank_run, exported_teacher, method, layout):
+    """Each method at ZeRO-3 and with expert parallelism on two ranks: killed after RL step 3 of 4
+    (an eval step), resumed; the same run, metric for metric and sample for sample (the EMA teacher
+    is rebuilt from the checkpoint on every rank)."""
+    import os
+
+    if (method, layout) not in IN_CI and not os.environ.get("HINTRL_FULL_MATRIX"):
+        pytest.skip("outside CI's subset of the matrix; HINTRL_FULL_MATRIX=1 runs it")
+    extra = [*LAYOUTS[layout], *_method_overrides(method, exported_teacher), "trainer.checkpoint_every=3"]
+    name = f"{method}-{layout}"
+    full_dir, _ = two_rank_run(name, *extra)
+    part_dir, _ = two_rank_run(f"{name}-part", *extra, "trainer.steps=3")
+    out = run_cli(["experiments/default", *TINY, f"output_dir={part_dir.parent.parent}",
+                   f"run_name={name}-part", "resume=true"], timeout=900)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert metrics_of(part_dir) == metrics_of(full_dir)
+    assert (part_dir / "rollouts.jsonl").read_text() == (full_dir / "rollouts.jsonl").read_text()
+
+
+def test_corrected_replay_at_zero3_matches_zero0(two_rank_run, exported_teacher):
+    """Corrected rows through the ZeRO-3 path (transformers' forward, router hooks with free rows)
+    give the ZeRO-0 run's samples and, up to reduction order, its metrics."""
+    extra = _method_overrides("corrected_replay", exported_teacher) + ["trainer.checkpoint_every=3"]
+    ref_dir, _ = two_rank_run("corrected_replay-z0", "deepspeed.zero_stage=0", *extra)
+    run_dir, _ = two_rank_run("corrected_replay-z3", *LAYOUTS["z3"], *extra)
+    assert (run_dir / "rollouts.jsonl").read_text() == (ref_dir / "rollouts.jsonl").read_text()
+    assert_close_runs(metrics_of(ref_dir), metrics_of(run_dir),
+                      skip=("router/replay_mismatch", "corrected/route_mismatch"))
