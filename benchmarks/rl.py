@@ -7,8 +7,11 @@ verifier, 8 prompts x 8 samples per step, at most 16 new tokens, 20 optimizer st
 threads, one seed. The initial weights are saved once (an HF folder) and every contender loads
 them; every contender sees the same problems in the same order.
 
-Contenders: our `grpo` and `hint_distill` (rule teacher), TRL `GRPOTrainer`, and TRL's SDPO
-trainer fed the same per-attempt hints (benchmarks/_trl.py). Each runs in its own subprocess, so
+Contenders: our methods (`OURS`: `grpo`; `hint_distill` with the rule teacher, live and with an
+EMA self-teacher; `corrected_replay`; `self_distill` shown the verifier's feedback as well as any
+successful sibling, so every failed attempt is scored; `teacher_distill` from a second random
+model of the same size), TRL `GRPOTrainer`, and TRL's SDPO trainer fed the same per-attempt hints
+(benchmarks/_trl.py). Each runs in its own subprocess, so
 peak RSS (ru_maxrss) is its own. A step is timed wall to wall: for ours the trainer's `rl_step`
 plus its metrics logging, for TRL the time between consecutive `on_step_end` callbacks (its
 per-step logging included). Reported: median seconds per step over steps 5-20 (the first four
@@ -45,13 +48,22 @@ RESULTS = ROOT / "benchmarks" / "results"
 README = ROOT / "benchmarks" / "README.md"
 # trl_grpo_gc: TRL GRPO with its own default, activation (gradient) checkpointing on; reported
 # beside trl_grpo (checkpointing off, TRL's faster setting and the baseline of the ratios).
-CONTENDERS = ("grpo", "hint_distill", "trl_grpo", "trl_sdpo", "trl_grpo_gc")
+# Our methods and their overrides ({teacher}: the folder of the separate teacher model).
+OURS = {
+    "grpo": ["method.name=grpo"],
+    "hint_distill": ["method.name=hint_distill"],
+    "hint_distill_ema": ["method.name=hint_distill", "method.teacher_weights=ema"],
+    "corrected_replay": ["method.name=corrected_replay"],
+    "self_distill": ["method.name=self_distill", "method.context=solution_and_feedback"],
+    "teacher_distill": ["method.name=teacher_distill", "method.teacher_path={teacher}"],
+}
+CONTENDERS = (*OURS, "trl_grpo", "trl_sdpo", "trl_grpo_gc")
 FIRST_MEASURED_STEP = 5
 ROUNDS = 2
 # Our stages, in step order, as the trainer logs them (rl/trainer.py `rl_step`, `_accumulate`).
 STAGES = {"generation": "time/rollout_s", "verification": "time/verify_s", "teacher": "time/teacher_s",
-          "hinted scoring": "time/hinted_scoring_s", "forward + loss": "time/forward_s",
-          "backward": "time/backward_s", "optimizer": "time/optimizer_s"}
+          "regeneration": "time/regenerate_s", "hinted / teacher scoring": "time/hinted_scoring_s",
+          "forward + loss": "time/forward_s", "backward": "time/backward_s", "optimizer": "time/optimizer_s"}
 
 
 @dataclasses.dataclass
@@ -95,16 +107,20 @@ def task_config(w: Workload):
     return TaskConfig(name=w.task, config=dict(w.task_config), render=w.render)
 
 
-def save_initial_weights(w: Workload, folder: Path) -> int:
-    """The one random initialisation every contender loads (TRL needs a folder, not a module).
+def save_initial_weights(w: Workload, folder: Path, seed_offset: int = 0) -> int:
+    """The one random initialisation every contender loads (TRL needs a folder, not a module); with
+    seed_offset 1, teacher_distill's teacher (another random model, with the tokenizer files).
 
     Returns the parameter count."""
     import torch
 
     from student import ByteTokenizer, build_student, count_parameters
-    torch.manual_seed(w.seed)
-    model = build_student(student_config(w), ByteTokenizer())
+    torch.manual_seed(w.seed + seed_offset)
+    tok = ByteTokenizer()
+    model = build_student(student_config(w), tok)
     model.save_pretrained(folder)
+    if seed_offset:
+        tok.to_transformers().save_pretrained(folder)
     return count_parameters(model)
 
 
@@ -114,7 +130,8 @@ def run_ours(method: str, w: Workload, init_dir: str, out_dir: Path, on_step) ->
     from rl.trainer import Trainer
 
     s = student_config(w, init_dir)
-    overrides = [f"seed={w.seed}", f"output_dir={out_dir}", f"method.name={method}",
+    teacher = str(Path(init_dir).with_name("teacher-weights"))
+    overrides = [f"seed={w.seed}", f"output_dir={out_dir}", *[o.format(teacher=teacher) for o in OURS[method]],
                  f"rollout.prompts_per_step={w.prompts}", f"rollout.attempts_per_prompt={w.samples}",
                  f"rollout.max_new_tokens={w.max_new_tokens}", "warmstart.steps=0",
                  f"trainer.steps={w.steps}", f"trainer.lr={w.lr}", f"trainer.threads={w.threads}",
@@ -137,6 +154,8 @@ def run_ours(method: str, w: Workload, init_dir: str, out_dir: Path, on_step) ->
         steps.append(metrics)
         on_step(k + 1, metrics["time/step_s"])
     trainer.log.close()
+    for m in steps:       # one column for the second model's scoring, whatever the method calls it
+        m["time/hinted_scoring_s"] = m.get("time/hinted_scoring_s", 0.0) + m.get("time/teacher_scoring_s", 0.0)
     keys = ["time/step_s", "cpu_s", "tokens", "train/reward_mean", "hint/rate", *STAGES.values()]
     out = {k: [m.get(k, 0.0) for m in steps] for k in keys}
     return {"step_s": out.pop("time/step_s"), "cpu_s": out.pop("cpu_s"), "tokens": out.pop("tokens"),
@@ -152,7 +171,7 @@ def child_main(name: str, w: Workload, init_dir: str, out_dir: Path) -> None:
     def on_step(k, seconds):
         print(f"STEP {k} {seconds:.4f}", flush=True)
 
-    if name in ("grpo", "hint_distill"):
+    if name in OURS:
         res = run_ours(name, w, init_dir, out_dir, on_step)
     else:
         from benchmarks._trl import run_trl
@@ -246,6 +265,9 @@ def targets(rows: dict) -> dict:
         out["grpo_step_vs_trl_grpo"] = {"value": med("grpo") / med("trl_grpo"), "target": "<= 0.5"}
     if med("grpo") and med("hint_distill"):
         out["hint_distill_step_vs_grpo"] = {"value": med("hint_distill") / med("grpo"), "target": "<= 1.3"}
+    for name in OURS:
+        if name not in ("grpo", "hint_distill") and med("grpo") and med(name):
+            out[f"{name}_step_vs_grpo"] = {"value": med(name) / med("grpo"), "target": "reported"}
     ours = [rows[n]["peak_rss_mib"] for n in ("grpo", "hint_distill") if med(n)]
     trl = [rows[n]["peak_rss_mib"] for n in ("trl_grpo", "trl_sdpo") if med(n)]
     if ours and trl:
@@ -323,6 +345,8 @@ def main() -> None:
     w_path.write_text(json.dumps(dataclasses.asdict(w)))
     init_dir = work / "initial-weights"
     n_params = save_initial_weights(w, init_dir)
+    if "teacher_distill" in names:
+        save_initial_weights(w, work / "teacher-weights", seed_offset=1)
     meta = {"device": "cpu", "workload": dataclasses.asdict(w), "params_m": n_params / 1e6,
             "versions": versions(), "cpu_count": os.cpu_count(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "load_avg_1min_start": os.getloadavg()[0],
@@ -356,6 +380,7 @@ def main() -> None:
     print(f"results: {out_dir / 'rl-cpu.json'}" + ("" if full else "  (partial run: the record is untouched)"))
     if not args.work:
         shutil.rmtree(work / "initial-weights", ignore_errors=True)
+        shutil.rmtree(work / "teacher-weights", ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -369,10 +369,14 @@ class Trainer:
         n = self.cfg.trainer.log_rollouts
         # The first n attempts, plus up to n more whose teacher reply was malformed (to read why).
         malformed = [i for i, e in (hinted.errors.items() if hinted else ()) if e == "malformed" and i >= n]
+        # and up to n rows a method added (e.g. corrected attempts), marked with their source
+        added = [i for i, source in enumerate(batch.source) if source != "rollout"][:n]
         records = []
-        for i in list(range(min(n, len(group)))) + malformed[:n]:
+        for i in list(range(min(n, len(group)))) + malformed[:n] + added:
             rec = {"prompt": group[i].prompt, "answer": group[i].answer, "attempt": attempts[i],
                    "reward": verdicts[i].reward, "feedback": verdicts[i].feedback, "hint": hint_of.get(i)}
+            if batch.source[i] != "rollout":
+                rec["source"] = batch.source[i]
             if hinted and i in hinted.replies:        # model teachers: the raw reply, and any failure
                 rec.update(teacher_reply=hinted.replies[i], hint_error=hinted.errors.get(i))
             elif hinted and i in hinted.errors:

@@ -19,7 +19,12 @@ or full or sampled; `distill_kl` JSD by default, or reverse KL). Loss:
 Differences from SDPO, on purpose: the top-k support is the teacher's (rl/losses.py says why); a
 successful row is not distilled (SDPO may reprompt it with another success); with one update per
 batch the importance ratio of the training forward to the rollout is 1, so SDPO's IS clip has
-nothing to clip.
+nothing to clip; and the distillation stops at the teacher's first disagreement
+(`distill_span: first_divergence`) where SDPO distils every token. With every token (`all`) the
+default experiment collapsed (seed 0, experiments/default/README.md): after the first wrong digit
+the teacher that has seen the answer puts little mass on <eos>, the student learnt to stop ending
+its answers ("100000"), successes vanished, and with them every teacher context, so nothing could
+pull it back (accuracy 0.35 -> 0.0 in 400 steps).
 
 The context may state the answer: this teacher is the privileged one by construction (the student
 never trains in that context, only toward its predictions), so the leak guard does not apply.
@@ -40,7 +45,7 @@ class SelfDistillConfig(SelfTeacherConfig):
     pg_coef: float = 0.0                     # weight of the GRPO term (SDPO: 0, distillation alone)
     distill_kl: str = "jsd"
     distill_estimator: str = "top_k"
-    distill_span: str = "all"
+    distill_span: str = "first_divergence"   # SDPO distils every token: here that collapsed (module docstring)
     teacher_weights: str = "ema"
 
     CHOICES: ClassVar[dict[str, tuple]] = {**SelfTeacherConfig.CHOICES,
