@@ -21,11 +21,13 @@ import torch
 from rl.batch import RowTargets
 from rl.config import MethodConfig
 from rl.losses import distill_kl_loss, sampled_distill_loss, span_to_first_divergence, topk_distill_loss
+from rl.methods.grpo import GRPO
 from rl.teacher_weights import MODES as TEACHER_WEIGHTS
 
 
 @dataclass
 class DistillConfig(MethodConfig):
+    pg_coef: float = 1.0                     # weight of the GRPO term beside the distillation
     distill_coef: float = 1.0                # weight of the distillation term
     distill_kl: str = "reverse"              # "reverse" KL(s||t), "forward" KL(t||s), "jsd" (full and top_k)
     distill_estimator: str = "full"          # "full" vocabulary, "top_k" + tail bucket, "sampled" token (reverse KL)
@@ -43,8 +45,9 @@ class DistillConfig(MethodConfig):
                             "distill_estimator=sampled estimates the reverse KL only")
         if self.distill_top_k < 1:
             problems.append(f"method.distill_top_k={self.distill_top_k} must be >= 1")
-        if self.distill_coef < 0:
-            problems.append(f"method.distill_coef={self.distill_coef} must be >= 0")
+        for key in ("pg_coef", "distill_coef"):
+            if getattr(self, key) < 0:
+                problems.append(f"method.{key}={getattr(self, key)} must be >= 0")
         return problems
 
 
@@ -107,3 +110,26 @@ def distill_term(cfg: DistillConfig, micro, scores, target: RowTargets | None, n
     metrics = {"loss/distill": loss.item(), f"{prefix}/kl_per_token": more["hint/kl_per_token"],
                f"{prefix}/distill_tokens": mask_HC.sum().item() / len(h)}
     return loss, metrics
+
+
+class Distilling(GRPO):
+    """A distilling method's training side: `pg_coef` x the GRPO term + the distillation term on
+    the rows of `batch.targets[target]` (metrics under `prefix/`). Subclasses write `extend`."""
+    target: ClassVar[str]
+    prefix: ClassVar[str]
+
+    def teacher_weights(self):
+        if isinstance(self.cfg, SelfTeacherConfig):
+            return self.cfg.teacher_weights, self.cfg.ema_rate
+        return super().teacher_weights()
+
+    def train_need(self, micro):
+        return train_need(self.cfg, micro.targets.get(self.target))
+
+    def loss(self, micro, scores, norm):
+        pg, metrics = self.policy_gradient(micro, scores, norm)
+        loss = self.cfg.pg_coef * pg           # kept in the graph at 0, so a row-less micro-batch still backwards
+        metrics["loss/pg"] = loss.item()
+        distill, more = distill_term(self.cfg, micro, scores, micro.targets.get(self.target), norm, self.prefix)
+        metrics.update(more)
+        return (loss if distill is None else loss + distill), metrics

@@ -4,7 +4,7 @@ Stages it adds: a teacher writes a hint for every failed attempt (rl/feedback.py
 the student's own sampled tokens are scored, without gradient, with the hint in the target
 message's context, by the self-teacher's weights (`teacher_weights`: the live student, an EMA of
 it, or its weights when RL began; rl/teacher_weights.py). Those scores are the teacher
-distribution. Loss: the GRPO term plus `distill_coef` x a divergence from the student (hint-free
+distribution. Loss: `pg_coef` (1) x the GRPO term plus `distill_coef` x a divergence from the student (hint-free
 context) to that teacher on the hinted rows' tokens, up to the teacher's first disagreement
 (`distill_span`). The teacher scores ask only for what the estimator needs (rl/methods/distill.py).
 """
@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 from rl.batch import RowTargets
 from rl.feedback import hint_failed_attempts
-from rl.methods.distill import SelfTeacherConfig, distill_term, score_teacher, train_need
-from rl.methods.grpo import GRPO
+from rl.methods.distill import Distilling, SelfTeacherConfig, score_teacher
 
 
 @dataclass
@@ -23,14 +22,12 @@ class HintDistillConfig(SelfTeacherConfig):
     pass
 
 
-class HintDistill(GRPO):
+class HintDistill(Distilling):
     name = "hint_distill"
     summary = ("grpo + on-policy divergence toward the policy conditioned on a teacher's hint, "
                "on the failed attempt's target message")
     Config = HintDistillConfig
-
-    def teacher_weights(self):
-        return self.cfg.teacher_weights, self.cfg.ema_rate
+    target, prefix = "hinted", "hint"
 
     def extend(self, batch, ctx):
         hinted = hint_failed_attempts(ctx.teacher, ctx.guard, ctx.tok, batch.problems, batch.attempts, batch.verdicts)
@@ -42,12 +39,3 @@ class HintDistill(GRPO):
             batch.targets["hinted"] = RowTargets(list(hinted.rows), scores)
         ctx.lap("hinted_scoring")
         return {}
-
-    def train_need(self, micro):
-        return train_need(self.cfg, micro.targets.get("hinted"))
-
-    def loss(self, micro, scores, norm):
-        loss, metrics = self.policy_gradient(micro, scores, norm)
-        distill, more = distill_term(self.cfg, micro, scores, micro.targets.get("hinted"), norm, "hint")
-        metrics.update(more)
-        return (loss if distill is None else loss + distill), metrics

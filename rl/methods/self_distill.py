@@ -35,14 +35,13 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from rl.batch import RowTargets
-from rl.methods.distill import SelfTeacherConfig, distill_term, score_teacher, train_need
-from rl.methods.grpo import GRPO
+from rl.methods.distill import Distilling, SelfTeacherConfig, score_teacher
 
 
 @dataclass
 class SelfDistillConfig(SelfTeacherConfig):
     context: str = "solution"                # what the teacher sees: solution, feedback or solution_and_feedback
-    pg_coef: float = 0.0                     # weight of the GRPO term (SDPO: 0, distillation alone)
+    pg_coef: float = 0.0                     # SDPO: distillation alone
     distill_kl: str = "jsd"
     distill_estimator: str = "top_k"
     distill_span: str = "first_divergence"   # SDPO distils every token: here that collapsed (module docstring)
@@ -50,12 +49,6 @@ class SelfDistillConfig(SelfTeacherConfig):
 
     CHOICES: ClassVar[dict[str, tuple]] = {**SelfTeacherConfig.CHOICES,
                                            "context": ("solution", "feedback", "solution_and_feedback")}
-
-    def check(self) -> list[str]:
-        problems = super().check()
-        if self.pg_coef < 0:
-            problems.append(f"method.pg_coef={self.pg_coef} must be >= 0")
-        return problems
 
 
 def teacher_context(row: int, attempts: list[str], verdicts: list, group: list[int], context: str) -> str | None:
@@ -70,14 +63,12 @@ def teacher_context(row: int, attempts: list[str], verdicts: list, group: list[i
     return "; ".join(parts) or None
 
 
-class SelfDistill(GRPO):
+class SelfDistill(Distilling):
     name = "self_distill"
     summary = ("SDPO: distil failed attempts toward the policy shown a successful sibling and/or the verifier's "
                "feedback (EMA teacher, top-k + tail, JSD)")
     Config = SelfDistillConfig
-
-    def teacher_weights(self):
-        return self.cfg.teacher_weights, self.cfg.ema_rate
+    target, prefix = "self", "self"
 
     def extend(self, batch, ctx):
         groups: dict[int, list[int]] = {}
@@ -96,14 +87,3 @@ class SelfDistill(GRPO):
             batch.targets["self"] = RowTargets(rows, scores)
         ctx.lap("teacher_scoring")
         return {"self/context_rate": len(rows) / max(1, len(failed)), "self/distilled_rows": float(len(rows))}
-
-    def train_need(self, micro):
-        return train_need(self.cfg, micro.targets.get("self"))
-
-    def loss(self, micro, scores, norm):
-        pg, metrics = self.policy_gradient(micro, scores, norm)
-        loss = self.cfg.pg_coef * pg           # kept in the graph at 0, so a row-less micro-batch still backwards
-        metrics["loss/pg"] = loss.item()
-        distill, more = distill_term(self.cfg, micro, scores, micro.targets.get("self"), norm, "self")
-        metrics.update(more)
-        return (loss if distill is None else loss + distill), metrics

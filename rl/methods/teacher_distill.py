@@ -18,14 +18,13 @@ from pathlib import Path
 from typing import ClassVar
 
 from rl.batch import RowTargets
-from rl.methods.distill import DistillConfig, distill_term, score_teacher, train_need
-from rl.methods.grpo import GRPO
+from rl.methods.distill import DistillConfig, Distilling, score_teacher
 
 
 @dataclass
 class TeacherDistillConfig(DistillConfig):
     teacher_path: str = ""                   # exported model folder; relative = to the experiment folder
-    pg_coef: float = 0.0                     # weight of the GRPO term added to the distillation
+    pg_coef: float = 0.0                     # GKD / on-policy distillation: distillation alone
     distill_estimator: str = "sampled"
     distill_span: str = "all"
 
@@ -39,8 +38,6 @@ class TeacherDistillConfig(DistillConfig):
             problems.append(f"method.teacher_path={self.teacher_path!r} is not a model folder (no config.json): "
                             "export a run with scripts/export.sh RUN_DIR OUT_DIR, or train and export the "
                             "default teacher with scripts/train.sh experiments/teacher")
-        if self.pg_coef < 0:
-            problems.append(f"method.pg_coef={self.pg_coef} must be >= 0")
         return problems
 
 
@@ -57,11 +54,12 @@ def load_teacher(path: str, device, vocab_size: int):
     return model.requires_grad_(False).to(device).eval()
 
 
-class TeacherDistill(GRPO):
+class TeacherDistill(Distilling):
     name = "teacher_distill"
     summary = ("on-policy distillation (GKD): a separate frozen teacher model scores the student's sampled tokens; "
                "per-token reverse KL, optionally + GRPO")
     Config = TeacherDistillConfig
+    target, prefix = "teacher", "teacher"
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -82,14 +80,3 @@ class TeacherDistill(GRPO):
         batch.targets["teacher"] = RowTargets(rows, scores)
         ctx.lap("teacher_scoring")
         return {}
-
-    def train_need(self, micro):
-        return train_need(self.cfg, micro.targets.get("teacher"))
-
-    def loss(self, micro, scores, norm):
-        pg, metrics = self.policy_gradient(micro, scores, norm)
-        loss = self.cfg.pg_coef * pg           # kept in the graph at 0
-        metrics["loss/pg"] = loss.item()
-        distill, more = distill_term(self.cfg, micro, scores, micro.targets.get("teacher"), norm, "teacher")
-        metrics.update(more)
-        return (loss if distill is None else loss + distill), metrics
