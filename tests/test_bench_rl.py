@@ -57,7 +57,8 @@ def test_our_contenders_report_positive_figures_and_stage_split(tmp_path):
         assert stages["generation"] > 0 and stages["backward"] > 0 and stages["optimizer"] > 0
         # the stages are parts of the step: together they cannot exceed it
         assert sum(stages.values()) <= r["median_step_s"] * 1.01
-    assert rows["grpo"]["median_stage_s"]["hinted scoring"] == 0.0      # grpo asks no teacher
+    assert rows["grpo"]["median_stage_s"]["hinted / teacher scoring"] == 0.0      # grpo asks no teacher
+    assert rows["grpo"]["median_stage_s"]["regeneration"] == 0.0
     assert rows["hint_distill"]["threads"] == 1
     meta = data["meta"]
     assert meta["workload"]["steps"] == 2 and meta["rounds"] == 2 and meta["load_avg_1min_start"] >= 0
