@@ -103,8 +103,10 @@ def _fixed_batch(trainer):
                   rewards_N=torch.zeros(len(group)), group_N=torch.arange(len(problems)).repeat_interleave(
                       ro.attempts_per_prompt), source=["rollout"] * len(group),
                   advantages_N=torch.randn(len(group), generator=gen))
-    trainer.method.extend(batch, StepContext(trainer.policy, trainer.teacher, trainer.guard, tok, trainer.tasks,
-                                             cfg, lambda name: None))
+    ctx = StepContext(policy=trainer.policy, teacher_policy=trainer.policy, diagnostic=trainer.policy,
+                      teacher=trainer.teacher, guard=trainer.guard, tok=tok, tasks=trainer.tasks, cfg=cfg,
+                      sampling=trainer.sampling, metered=lambda policy: policy, lap=lambda name: None)
+    trainer.method.extend(batch, ctx)
     return batch
 
 
