@@ -30,6 +30,10 @@ class Budget:
     def add(self, kind: str, tokens: int) -> None:
         self.step[kind] += int(tokens)
 
+    def add_sequences(self, kind: str, prompts: list[list[int]], mask_NC: torch.Tensor) -> None:
+        """Real tokens of (prompt, completion) rows: every prompt token and the completion tokens in mask_NC."""
+        self.add(kind, sum(map(len, prompts)) + int(mask_NC.sum()))
+
     def close_step(self) -> dict[str, float]:
         """This step's counts over every rank, added to the totals (the same on every rank)."""
         summed = dist.sum_over_ranks({k: float(v) for k, v in self.step.items()})
@@ -48,11 +52,6 @@ class Budget:
         self.total = {k: int((state or {}).get(k, 0)) for k in KINDS}
 
 
-def sequence_tokens(prompts: list[list[int]], completion_NC: torch.Tensor, pad_id: int) -> int:
-    """Real tokens of (prompt, completion) rows: prompt tokens plus completion tokens other than padding."""
-    return sum(len(p) for p in prompts) + int((completion_NC != pad_id).sum())
-
-
 class Metered:
     """A policy whose generations and scores are added to a Budget (generated / scored tokens)."""
 
@@ -68,5 +67,5 @@ class Metered:
         return roll
 
     def score(self, prompts, completion_NC, **kwargs):
-        self.budget.add("scored", sequence_tokens(prompts, completion_NC, self.pad_id))
+        self.budget.add_sequences("scored", prompts, completion_NC != self.pad_id)
         return self.policy.score(prompts, completion_NC, **kwargs)

@@ -168,7 +168,7 @@ class Trainer:
                                           ws.hint_fraction)
         answers_NC, mask_NC = right_pad(answers, tok.pad_id, self.policy.device)
         norm = self._normaliser("token", mask_NC, len(prompts))
-        self.budget.add("trained", sum(map(len, prompts)) + int(mask_NC.sum()))
+        self.budget.add_sequences("trained", prompts, mask_NC)
         self.engine.train()
 
         def loss_of(index: list[int]):
@@ -241,7 +241,7 @@ class Trainer:
         the step's one normaliser, backward; the optimizer step after the last."""
         cfg = self.cfg
         norm = self._normaliser(cfg.method.loss_norm, batch.mask_NC, batch.n)
-        self.budget.add("trained", sum(map(len, batch.prompt_ids)) + int(batch.mask_NC.sum()))
+        self.budget.add_sequences("trained", batch.prompt_ids, batch.mask_NC)
         replay = cfg.student.router_replay
         self.engine.train()
 

@@ -36,6 +36,6 @@ class HintDistill(Distilling):
         if hinted.rows:
             scores = score_teacher(ctx.teacher_policy, self.cfg, hinted.prompt_ids,
                                    batch.completion_ids_NC[hinted.rows], ctx.cfg.rollout.temperature)
-            batch.targets["hinted"] = RowTargets(list(hinted.rows), scores)
+            batch.targets[self.target] = RowTargets(list(hinted.rows), scores)
         ctx.lap("hinted_scoring")
         return {}

@@ -84,6 +84,6 @@ class SelfDistill(Distilling):
         if rows:
             scores = score_teacher(ctx.teacher_policy, self.cfg, prompts, batch.completion_ids_NC[rows],
                                    ctx.cfg.rollout.temperature)
-            batch.targets["self"] = RowTargets(rows, scores)
+            batch.targets[self.target] = RowTargets(rows, scores)
         ctx.lap("teacher_scoring")
         return {"self/context_rate": len(rows) / max(1, len(failed)), "self/distilled_rows": float(len(rows))}

@@ -77,6 +77,6 @@ class TeacherDistill(Distilling):
         teacher = ctx.metered(self._teacher(ctx))
         rows = list(range(batch.n))
         scores = score_teacher(teacher, self.cfg, batch.prompt_ids, batch.completion_ids_NC, ctx.cfg.rollout.temperature)
-        batch.targets["teacher"] = RowTargets(rows, scores)
+        batch.targets[self.target] = RowTargets(rows, scores)
         ctx.lap("teacher_scoring")
         return {}
