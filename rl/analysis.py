@@ -35,7 +35,10 @@ class Run:
     rollouts: pd.DataFrame  # one row per sampled attempt
 
     def config_value(self, dotted: str, default=None):
-        """`run.config_value("method.name")`: a value of the resolved config by dotted path."""
+        """`run.config_value("method.name")`: a value of the resolved config by dotted path.
+        "arm" is the study arm a run belongs to (its name without rl.study's "-s<seed>" ending)."""
+        if dotted == "arm":
+            return re.sub(r"-s\d+$", "", self.name)
         node = self.config
         for part in dotted.split("."):
             if not isinstance(node, dict) or part not in node:

@@ -28,8 +28,11 @@ class TaskConfig:
     render: str = "question"                 # "question" or "expression" (metadata, shorter)
     reward: str = "binary"                   # "binary": 1 only when the verifier says fully correct; "partial": its score
     eval_seed: int = 1_000_000               # held-out problems come from this seed, never trained
-    eval_size: int = 200
+    eval_size: int = 200                     # held-out problems per difficulty bucket
     train_size: int = 1_000_000              # virtual size of the training stream (wraps)
+    buckets: dict[str, Any] = field(default_factory=dict)   # difficulty buckets: name -> settings over `config`
+                                             # (own generator and held-out set each; rl/tasks.py)
+    mix: dict[str, float] = field(default_factory=dict)     # RL draws buckets by these weights; {} = all alike
 
 
 @dataclass
@@ -66,6 +69,7 @@ class WarmstartConfig:
     lr: float = 1e-3
     warmup_steps: int = 20
     hint_fraction: float = 0.5               # share of demonstrations with a hint in context
+    mix: dict[str, float] = field(default_factory=dict)     # buckets demonstrations come from; {} = task.mix
 
 
 @dataclass
@@ -157,16 +161,26 @@ def _method_schema(cfg: DictConfig, name: str) -> DictConfig:
     return OmegaConf.merge(schema, {**kept, "name": name})
 
 
+REPLACED = ("task.buckets", "task.mix", "warmstart.mix")    # a layer that sets one replaces it whole
+
+
 def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
     """Merge one layer. A layer that switches `method.name` first retypes the method section (so its
     keys are checked against that method), and one that switches `task.name` without giving
-    `task.config` starts from an empty one (the old task's settings would not fit the new task)."""
+    `task.config` starts from an empty one (the old task's settings would not fit the new task).
+    The bucket set and the mixes (REPLACED) are replaced, not merged key by key: `warmstart.mix:
+    {easy: 1}` over a base's `{easy: 1, hard: 1}` means the easy bucket alone."""
     layer = OmegaConf.create(layer) if not isinstance(layer, DictConfig) else layer
     try:
         method_name = OmegaConf.select(layer, "method.name", default=None)
         if method_name is not None and method_name != base.method.name:
             base = OmegaConf.merge(base, {})          # a copy: retyping must not touch the caller's config
             base.method = _method_schema(base, str(method_name))
+        for key in REPLACED:
+            if OmegaConf.select(layer, key, default=None) is not None:
+                base = OmegaConf.merge(base, {})
+                section, name = key.split(".")
+                base[section][name] = {}
         task_name = OmegaConf.select(layer, "task.name", default=None)
         if (task_name is not None and task_name != base.task.name
                 and OmegaConf.select(layer, "task.config", default=None) is None):
@@ -193,17 +207,14 @@ def validate(cfg: RunConfig) -> None:
 
     _choice(cfg.task.name, reasoning_gym.factory.DATASETS, "task.name")
     _choice(cfg.task.render, {"question", "expression"}, "task.render")
-    _, dataset_config_cls = reasoning_gym.factory.DATASETS[cfg.task.name]
-    try:
-        dataset_config_cls(**cfg.task.config)
-    except TypeError as err:
-        raise ConfigError(f"task.config: {err} (settings of reasoning-gym's {cfg.task.name!r})") from None
+    _validate_buckets(cfg)
     _choice(cfg.task.reward, {"binary", "partial"}, "task.reward")
     _choice(cfg.method.name, METHODS, "method.name")
     for key, valid in type(cfg.method).CHOICES.items():
         _choice(getattr(cfg.method, key), set(valid), f"method.{key}")
     _choice(cfg.student.arch, ARCHITECTURES, "student.arch")
     _choice(cfg.teacher.kind, TEACHERS, "teacher.kind")
+    _choice(cfg.teacher.reveal, {"mismatch", "all_but_last"}, "teacher.reveal")
     if cfg.teacher.prompt_template:
         try:
             PromptTemplate.load(cfg.teacher.prompt_template)
@@ -230,6 +241,29 @@ def validate(cfg: RunConfig) -> None:
     if problems:
         raise ConfigError("; ".join(problems))
     _validate_scale(cfg)
+
+
+def _validate_buckets(cfg: RunConfig) -> None:
+    """Every bucket's settings make a valid generator; mixes name existing buckets with weights >= 0."""
+    import reasoning_gym
+
+    _, dataset_config_cls = reasoning_gym.factory.DATASETS[cfg.task.name]
+    for name, own in (cfg.task.buckets or {"": {}}).items():
+        key = f"task.buckets.{name}" if name else "task.config"
+        if not isinstance(own, dict):
+            raise ConfigError(f"{key} must be a mapping of generator settings, got {own!r}")
+        try:
+            settings = dataset_config_cls(**{**cfg.task.config, **own})
+            getattr(settings, "validate", lambda: None)()
+        except (TypeError, AssertionError, ValueError) as err:
+            raise ConfigError(f"{key}: {err} (settings of reasoning-gym's {cfg.task.name!r})") from None
+    names = set(cfg.task.buckets) or {"all"}
+    for key, mix in (("task.mix", cfg.task.mix), ("warmstart.mix", cfg.warmstart.mix)):
+        unknown = sorted(set(mix) - names)
+        if unknown:
+            raise ConfigError(f"{key} names {unknown}, not buckets of task.buckets ({sorted(names)})")
+        if any(w < 0 for w in mix.values()) or (mix and sum(mix.values()) <= 0):
+            raise ConfigError(f"{key}={dict(mix)}: weights must be >= 0 with a positive sum")
 
 
 def _validate_scale(cfg: RunConfig) -> None:

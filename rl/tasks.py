@@ -4,14 +4,26 @@ Training problems stream from `seed`; held-out problems come from `task.eval_see
 do not make the sets disjoint (many generators draw from small spaces: two-term arithmetic has
 ~20k distinct problems), so the training stream also skips any problem whose prompt is in the
 held-out set. `TaskSource.assert_disjoint` re-checks that after the fact.
+
+Difficulty buckets (`task.buckets`: name -> generator settings over `task.config`) make difficulty a
+knob: each bucket has its own generator and its own held-out set (`task.eval_size` problems each,
+reported per bucket), and a training phase draws from them by weight (`task.mix` for RL,
+`warmstart.mix` for warm-start, e.g. the easy buckets only). Which bucket stream position c comes
+from is a pure function of (seed, c), so the one-integer cursor still resumes a run exactly. A
+held-out prompt of any bucket is skipped by every bucket's stream. Without buckets there is one,
+named "all", and the stream is the one it always was.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import random
+
 import reasoning_gym
 
 from rl.config import TaskConfig
+
+ALL = "all"             # the one bucket of a task without `task.buckets`
 
 
 @dataclass
@@ -20,6 +32,7 @@ class Problem:
     prompt: str
     answer: str         # the reference answer (for the verifier and the teacher's eyes)
     entry: dict         # the reasoning-gym entry, as its verifier expects it
+    bucket: str = ALL   # the difficulty bucket it was drawn from
 
 
 @dataclass
@@ -38,25 +51,47 @@ def render_prompt(entry: dict, render: str) -> str:
     return expression
 
 
+def bucket_settings(cfg: TaskConfig) -> dict[str, dict]:
+    """Each bucket's generator settings: `task.config` with the bucket's own on top."""
+    return {name: {**cfg.config, **own} for name, own in (cfg.buckets or {ALL: {}}).items()}
+
+
 class TaskSource:
     def __init__(self, cfg: TaskConfig, seed: int):
-        self.cfg = cfg
-        self.train = reasoning_gym.create_dataset(cfg.name, seed=seed, size=cfg.train_size, **cfg.config)
-        eval_data = reasoning_gym.create_dataset(cfg.name, seed=cfg.eval_seed, size=cfg.eval_size, **cfg.config)
-        self.eval_problems = [self._problem(i, eval_data[i]) for i in range(cfg.eval_size)]
+        self.cfg, self.seed = cfg, seed
+        self.buckets = list(bucket_settings(cfg))
+        # Bucket k streams from seed + k and holds out eval_seed + k: bucket 0 keeps the plain seeds.
+        self.train, self.eval_by_bucket = {}, {}
+        for k, (name, settings) in enumerate(bucket_settings(cfg).items()):
+            self.train[name] = reasoning_gym.create_dataset(cfg.name, seed=seed + k, size=cfg.train_size, **settings)
+            held_out = reasoning_gym.create_dataset(cfg.name, seed=cfg.eval_seed + k, size=cfg.eval_size, **settings)
+            self.eval_by_bucket[name] = [self._problem(i, held_out[i], name) for i in range(cfg.eval_size)]
+        self.eval_problems = [p for problems in self.eval_by_bucket.values() for p in problems]
         self._eval_prompts = {p.prompt for p in self.eval_problems}
-        self.cursor = 0          # next training index; saved in checkpoints
+        self.cursor = 0          # next training position; saved in checkpoints
         self.skipped = 0         # training problems skipped because they are held out
 
-    def _problem(self, index: int, entry: dict) -> Problem:
-        return Problem(index, render_prompt(entry, self.cfg.render), str(entry["answer"]), entry)
+    def _problem(self, index: int, entry: dict, bucket: str) -> Problem:
+        return Problem(index, render_prompt(entry, self.cfg.render), str(entry["answer"]), entry, bucket)
 
-    def next_batch(self, n: int) -> list[Problem]:
+    def bucket_at(self, position: int, mix: dict[str, float]) -> str:
+        """The bucket stream position `position` draws from under `mix` (name -> weight; empty =
+        every bucket alike): a function of (seed, position) only, so resuming needs only the cursor."""
+        if len(self.buckets) == 1:
+            return self.buckets[0]
+        names = [b for b in self.buckets if mix.get(b, 0.0) > 0] if mix else self.buckets
+        weights = [mix[b] for b in names] if mix else None
+        return random.Random(f"{self.seed}:{position}").choices(names, weights)[0]
+
+    def next_batch(self, n: int, mix: dict[str, float] | None = None) -> list[Problem]:
+        """The next n training problems, drawn from the buckets by `mix` (default `task.mix`)."""
+        mix = self.cfg.mix if mix is None else mix
         batch: list[Problem] = []
         while len(batch) < n:
+            bucket = self.bucket_at(self.cursor, mix)
             index = self.cursor % self.cfg.train_size
             self.cursor += 1
-            problem = self._problem(index, self.train[index])
+            problem = self._problem(index, self.train[bucket][index], bucket)
             if problem.prompt in self._eval_prompts:
                 self.skipped += 1
                 continue
@@ -72,7 +107,7 @@ class TaskSource:
         answer: reasoning-gym's scores give partial credit (0.75 for -280 against -28, for any
         attempt that contains the answer), which would reward wrong answers in the policy gradient
         while the hint methods treat them as failed. `partial` keeps the verifier's score."""
-        score = float(self.train.score_answer(attempt, problem.entry))
+        score = float(self.train[problem.bucket].score_answer(attempt, problem.entry))
         if score >= 1.0:
             feedback = "correct"
         elif not attempt.strip():

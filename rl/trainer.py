@@ -151,19 +151,28 @@ class Trainer:
                 or s == self.total_steps)
 
     def evaluate(self) -> dict[str, float]:
-        """Each rank answers its share of the held-out problems; counts are summed over ranks."""
+        """Each rank answers its share of the held-out problems; counts are summed over ranks.
+        With difficulty buckets, each bucket's metrics are also logged under eval/<metric>/<bucket>."""
         self.rollout.sync()
         self.rollout.module.eval()
-        mine = self.tasks.eval_problems[self.rank::self.world]
         teacher = self.teacher_weights.policy() if self.teacher_weights.started else self.policy
-        counts = evaluate(self.policy, mine, self.tasks, self.teacher, self.tok, self.cfg.rollout.max_new_tokens,
-                          teacher_policy=teacher)
-        return eval_metrics(dist.sum_over_ranks(counts))
+        per_bucket = {}
+        for bucket, problems in self.tasks.eval_by_bucket.items():
+            mine = problems[self.rank::self.world]
+            per_bucket[bucket] = dist.sum_over_ranks(evaluate(
+                self.policy, mine, self.tasks, self.teacher, self.tok, self.cfg.rollout.max_new_tokens,
+                teacher_policy=teacher))
+        total = {k: sum(c[k] for c in per_bucket.values()) for k in next(iter(per_bucket.values()))}
+        metrics = eval_metrics(total)
+        if len(per_bucket) > 1:
+            for bucket, counts in per_bucket.items():
+                metrics.update({f"{k}/{bucket}": v for k, v in eval_metrics(counts).items()})
+        return metrics
 
     # ------------------------------------------------------------------ warm-start
     def warmstart_step(self) -> dict[str, float]:
         ws, tok = self.cfg.warmstart, self.tok
-        problems = self._my_slice(self.tasks.next_batch(ws.batch_size))
+        problems = self._my_slice(self.tasks.next_batch(ws.batch_size, ws.mix or None))
         prompts, answers = demonstrations(problems, self.teacher, self.guard, tok, self.rng,
                                           ws.hint_fraction)
         answers_NC, mask_NC = right_pad(answers, tok.pad_id, self.policy.device)

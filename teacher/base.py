@@ -34,6 +34,8 @@ class Hint:
 class TeacherConfig:
     kind: str = "rule"            # key of TEACHERS
     max_hint_chars: int = 80      # longer hints are cut: a hint is a nudge, not a solution
+    reveal: str = "mismatch"      # rule: "mismatch" = prefix through the first wrong character; "all_but_last"
+    shuffle: bool = False         # control: each attempt gets the hint written for another problem (teacher/shuffled.py)
     # Language-model teachers (hf, openai)
     prompt_template: str = ""     # file; relative = to the experiment folder; "" = teacher/prompts/default.txt
     model: str = ""               # hf: HF folder or .gguf file (pkg://DIST/FILE for a packaged one); openai: served name
@@ -70,7 +72,12 @@ def register_teacher(name: str):
 def build_teacher(cfg: TeacherConfig) -> Teacher:
     if cfg.kind not in TEACHERS:
         raise ValueError(f"teacher.kind={cfg.kind!r} is unknown; choose one of {sorted(TEACHERS)}")
-    return TEACHERS[cfg.kind](cfg)
+    teacher = TEACHERS[cfg.kind](cfg)
+    if cfg.shuffle:
+        from teacher.shuffled import ShuffledTeacher
+
+        teacher = ShuffledTeacher(teacher)
+    return teacher
 
 
 def last_assistant_index(messages: list[dict]) -> int:

@@ -7,6 +7,9 @@ gave a 1M-parameter student nothing in exploratory runs made before this reposit
 each, not recorded here). When the prefix would be the whole answer,
 it gives the last character instead ("ends with 7"); the leak guard still drops any hint that
 states the whole answer (a one-character answer cannot be hinted without giving it away).
+
+`teacher.reveal=all_but_last` is the stronger, partial-solution hint of QuestA (arXiv 2507.13266):
+every character of the reference but the last ("starts with 104" for 1047), whatever the attempt.
 """
 from __future__ import annotations
 
@@ -21,10 +24,12 @@ def first_mismatch(attempt: str, reference: str) -> int:
     return min(len(attempt), len(reference))
 
 
-def targeted_hint(attempt: str, reference: str) -> str | None:
+def targeted_hint(attempt: str, reference: str, reveal: str = "mismatch") -> str | None:
     attempt, reference = attempt.strip(), reference.strip()
     if not reference or attempt == reference:
         return None
+    if reveal == "all_but_last":
+        return f"starts with {reference[:-1]}" if len(reference) > 1 else None
     i = first_mismatch(attempt, reference)
     if i >= len(reference):          # attempt is the answer plus extra characters
         return f"ends after {reference[-1]}"
@@ -43,7 +48,7 @@ class RuleTeacher:
             target = last_assistant_index(req.messages)
             text = None
             if req.reference is not None:
-                text = targeted_hint(req.messages[target]["content"], req.reference)
+                text = targeted_hint(req.messages[target]["content"], req.reference, self.cfg.reveal)
             hints.append(Hint(target, text[: self.cfg.max_hint_chars]) if text else None)
         return hints
 

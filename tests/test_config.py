@@ -124,3 +124,21 @@ def test_base_experiment_is_merged_first(tmp_path):
     (tmp_path / "parent" / "config.yaml").write_text("trainer:\n  stepz: 1\n")
     with pytest.raises(ConfigError, match=r"parent/config.yaml: unknown key 'trainer.stepz'"):
         load_config(tmp_path / "child")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("task.buckets={hard: {min_digits: 0}}", "task.buckets.hard: min_digits must be positive"),
+    ("task.mix={nope: 1}", "task.mix names ['nope']"),
+    ("warmstart.mix={all: -1}", "weights must be >= 0"),
+    ("task.buckets={hard: 3}", "task.buckets.hard must be a mapping"),
+])
+def test_bad_buckets_and_mixes_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config("experiments/default", [override])
+
+
+def test_a_layer_replaces_buckets_and_mixes_whole(tmp_path):
+    (tmp_path / "config.yaml").write_text(f"base: {ROOT / 'experiments/repro-guide'}\nwarmstart:\n  mix: {{hard: 1}}\n")
+    cfg = load_config(tmp_path, ["task.mix={easy: 2}"])
+    assert cfg.warmstart.mix == {"hard": 1} and cfg.task.mix == {"easy": 2}
+    assert set(cfg.task.buckets) == {"easy", "hard"}          # untouched where no layer sets it

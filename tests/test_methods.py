@@ -85,6 +85,26 @@ def test_self_distill_scores_failed_rows_in_the_feedback_context(tmp_path):
     assert out["self/kl_per_token"] >= 0 and out["loss/pg"] == 0.0      # SDPO: distillation alone
 
 
+def test_self_distill_shuffled_context_comes_from_another_problem(tmp_path, monkeypatch):
+    import rl.methods.self_distill as sd
+
+    seen = {}
+    real = sd.score_teacher
+    monkeypatch.setattr(sd, "score_teacher", lambda policy, cfg, prompts, *a: seen.setdefault("p", prompts) and real(
+        policy, cfg, prompts, *a))
+    tr = _trainer(tmp_path, "sds", "method.name=self_distill", "method.context=feedback",
+                  "method.shuffle_context=true", "method.teacher_weights=frozen")
+    batch, _ = tr.collect()
+    rows = batch.targets["self"].rows
+    assert rows and len(seen["p"]) == len(rows)
+    for i, prompt in zip(rows, seen["p"]):
+        context = tr.tok.decode(prompt[prompt.index(tr.tok.hint_id) + 1:-1])
+        own = f"feedback on your answer: {batch.verdicts[i].feedback}"
+        others = {f"feedback on your answer: {batch.verdicts[j].feedback}" for j in range(batch.n)
+                  if batch.problems[j].prompt != batch.problems[i].prompt}
+        assert context in others and (context != own or own in others)
+
+
 def test_teacher_distill_scores_every_row_with_the_separate_teacher(tmp_path, exported_teacher):
     tr = _trainer(tmp_path, "td", "method.name=teacher_distill", f"method.teacher_path={exported_teacher}")
     batch, _ = tr.collect()

@@ -56,3 +56,47 @@ def test_binary_reward_pays_only_fully_correct_answers():
     assert 0.0 < partial.verify(p, contains).reward < 1.0
     assert binary.verify(p, contains).reward == 0.0
     assert binary.verify(p, p.answer).reward == partial.verify(p, p.answer).reward == 1.0
+
+
+BUCKETS = {"one": {"min_digits": 1, "max_digits": 1}, "three": {"min_digits": 3, "max_digits": 3}}
+
+
+def test_buckets_have_their_own_held_out_sets_and_training_never_sees_any():
+    cfg = TaskConfig(config=SMALL_SPACE, render="expression", eval_size=40, buckets=BUCKETS)
+    tasks = TaskSource(cfg, seed=0)
+    assert list(tasks.eval_by_bucket) == ["one", "three"]
+    assert all(len(tasks.eval_by_bucket[b]) == 40 for b in BUCKETS)
+    assert {p.bucket for p in tasks.eval_by_bucket["three"]} == {"three"}
+    # reasoning-gym draws each operand from [0, 10^digits]: most have three digits, none more than four
+    widths = [len(x) for p in tasks.eval_by_bucket["three"] for x in p.prompt.split()[::2]]
+    assert max(widths) <= 4 and sum(w == 3 for w in widths) > 0.8 * len(widths)
+    train = tasks.next_batch(3000)
+    assert {p.bucket for p in train} == {"one", "three"}
+    assert tasks.skipped > 0                      # the one-digit space (200 prompts) collides
+    assert not {p.prompt for p in tasks.eval_problems} & {p.prompt for p in train}
+    assert all(tasks.verify(p, p.answer).reward == 1.0 for p in train[:50])
+
+
+def test_mix_weights_choose_buckets_deterministically_from_the_cursor():
+    cfg = TaskConfig(config=SMALL_SPACE, render="expression", eval_size=4, buckets=BUCKETS, mix={"three": 1.0})
+    tasks = TaskSource(cfg, seed=3)
+    assert {p.bucket for p in tasks.next_batch(50)} == {"three"}
+    assert {p.bucket for p in tasks.next_batch(50, {"one": 1.0})} == {"one"}
+    skewed = [p.bucket for p in tasks.next_batch(2000, {"one": 3.0, "three": 1.0})]
+    assert 0.7 < skewed.count("one") / len(skewed) < 0.8
+    # Resuming from the cursor alone reproduces the stream, buckets included.
+    again = TaskSource(cfg, seed=3)
+    again.cursor = tasks.cursor
+    assert ([(p.bucket, p.prompt) for p in tasks.next_batch(20, {"one": 1, "three": 1})]
+            == [(p.bucket, p.prompt) for p in again.next_batch(20, {"one": 1, "three": 1})])
+
+
+def test_without_buckets_the_stream_is_the_single_generator_it_always_was():
+    import reasoning_gym
+
+    tasks = TaskSource(TaskConfig(config=SMALL_SPACE, render="expression", eval_size=8), seed=2)
+    plain = reasoning_gym.create_dataset("basic_arithmetic", seed=2, size=1_000_000, **SMALL_SPACE)
+    held = reasoning_gym.create_dataset("basic_arithmetic", seed=1_000_000, size=8, **SMALL_SPACE)
+    assert [p.entry["question"] for p in tasks.eval_problems] == [held[i]["question"] for i in range(8)]
+    for p in tasks.next_batch(30):
+        assert p.bucket == "all" and p.entry["question"] == plain[p.index]["question"]

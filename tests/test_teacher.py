@@ -150,3 +150,35 @@ def test_template_path_is_resolved_against_the_experiment_folder(tmp_path):
     (tmp_path / "prompt.txt").write_text("Fix {atempt}")
     with pytest.raises(ConfigError, match="atempt"):
         load_config(tmp_path)
+
+
+def test_shuffled_teacher_gives_each_attempt_another_problems_hint():
+    def request(problem, attempt, answer):
+        return HintRequest([{"role": "user", "content": problem}, {"role": "assistant", "content": attempt}],
+                           "incorrect", answer)
+
+    requests = [request("12 + 30", "41", "42"), request("12 + 30", "52", "42"),
+                request("50 + 21", "61", "71"), request("90 - 5", "85", "85"), request("7 + 70", "70", "77")]
+    own = build_teacher(TeacherConfig()).write_hints(requests)
+    shuffled = build_teacher(TeacherConfig(shuffle=True)).write_hints(requests)
+    own_text = {r.messages[0]["content"]: set() for r in requests}
+    for r, h in zip(requests, own):
+        if h is not None:
+            own_text[r.messages[0]["content"]].add(h.text)
+    assert [h.text if h else None for h in own] == ["ends with 2", "starts with 4", "starts with 7", None, "ends with 7"]
+    for r, h in zip(requests, shuffled):
+        assert h is not None and h.target_index == 1
+        # a real hint, written for a different problem
+        assert h.text in {t for p, ts in own_text.items() if p != r.messages[0]["content"] for t in ts}
+    assert shuffled[0].text == "starts with 7"         # the next request about another problem
+    assert build_teacher(TeacherConfig(shuffle=True)).write_hints(requests[:2]) == [None, None]   # one problem only
+
+
+@pytest.mark.parametrize("attempt, answer, hint", [
+    ("1111", "1047", "starts with 104"), ("", "-12", "starts with -1"), ("3", "7", None), ("47", "47", None)])
+def test_questa_style_hint_reveals_all_but_the_last_character(attempt, answer, hint):
+    assert targeted_hint(attempt, answer, reveal="all_but_last") == hint
+    teacher = build_teacher(TeacherConfig(reveal="all_but_last"))
+    req = HintRequest([{"role": "user", "content": "q"}, {"role": "assistant", "content": attempt}], "incorrect", answer)
+    written = teacher.write_hints([req])[0]
+    assert (written.text if written else None) == hint

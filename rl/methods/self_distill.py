@@ -26,6 +26,9 @@ the teacher that has seen the answer puts little mass on <eos>, the student lear
 its answers ("100000"), successes vanished, and with them every teacher context, so nothing could
 pull it back (accuracy 0.35 -> 0.0 in 400 steps).
 
+`shuffle_context` is the control: each failed row is distilled toward the policy shown the context
+built for another problem (teacher/shuffled.py), which should not help.
+
 The context may state the answer: this teacher is the privileged one by construction (the student
 never trains in that context, only toward its predictions), so the leak guard does not apply.
 """
@@ -36,6 +39,7 @@ from typing import ClassVar
 
 from rl.batch import RowTargets
 from rl.methods.distill import Distilling, SelfTeacherConfig, score_teacher
+from teacher.shuffled import from_other_problem
 
 
 @dataclass
@@ -46,6 +50,7 @@ class SelfDistillConfig(SelfTeacherConfig):
     distill_estimator: str = "top_k"
     distill_span: str = "first_divergence"   # SDPO distils every token: here that collapsed (module docstring)
     teacher_weights: str = "ema"
+    shuffle_context: bool = False            # control: each failed row gets the context of another problem's row
 
     CHOICES: ClassVar[dict[str, tuple]] = {**SelfTeacherConfig.CHOICES,
                                            "context": ("solution", "feedback", "solution_and_feedback")}
@@ -75,9 +80,12 @@ class SelfDistill(Distilling):
         for i, g in enumerate(batch.group_N.tolist()):
             groups.setdefault(g, []).append(i)
         failed = [i for i, v in enumerate(batch.verdicts) if v.reward < 1.0]
+        texts = [teacher_context(i, batch.attempts, batch.verdicts, groups[int(batch.group_N[i])], self.cfg.context)
+                 for i in failed]
+        if self.cfg.shuffle_context:
+            texts = from_other_problem([batch.problems[i].prompt for i in failed], texts)
         rows, prompts = [], []
-        for i in failed:
-            text = teacher_context(i, batch.attempts, batch.verdicts, groups[int(batch.group_N[i])], self.cfg.context)
+        for i, text in zip(failed, texts):
             if text is not None:
                 rows.append(i)
                 prompts.append(ctx.tok.render_prompt(batch.problems[i].prompt, text))

@@ -1,0 +1,133 @@
+"""The teacher gap before RL: how much better the student answers with each kind of hint in context.
+
+    python -m rl.teacher_gap RUN_DIR [key=value ...] [--step N] [--attempts 8] [--out FILE.json]
+
+A distilling method can move the student at most as far as its hinted distribution is ahead, and
+corrected replay learns only from hinted regenerations that succeed, so this gap, measured on the
+warm-started student before any RL, predicts what the hint methods can gain (arXiv 2605.30070
+reports the gain linear in it). Per difficulty bucket, on the held-out problems, the run's
+checkpoint samples G attempts per problem as RL does (`rollout.temperature`); then each failed
+attempt is retried once, sampled, with a hint of each kind in its local context:
+
+    rule      the experiment's teacher (`teacher.kind`) on that attempt: what the hint methods use
+    feedback  the verifier's words ("feedback on your answer: incorrect: ..."): self_distill's feedback context
+    sibling   "a correct answer: <a successful attempt of the same problem>": self_distill's solution
+              context; there is none where all G attempts failed
+    shuffled  the rule hint written for another problem (teacher/shuffled.py): the control
+
+Reported per bucket: `plain` accuracy (share of attempts correct), pass@G, the share of problems
+whose G attempts all failed, and per kind `accuracy` (an attempt counts once correct, plainly or on
+its hinted retry), `gap` = accuracy - plain, `pass@G`, `rescued_all_fail` (share of all-fail
+problems with a correct hinted retry: where GRPO has no signal and a hint method has some) and
+`hinted` (share of failed attempts that got a context of that kind).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from rl.feedback import hint_failed_attempts
+from rl.methods.self_distill import teacher_context
+from rl.tasks import Problem, TaskSource
+from student.policy import Policy, Sampling
+from student.tokenizer import ByteTokenizer
+from teacher import LeakGuard, ShuffledTeacher, Teacher
+
+KINDS = ("rule", "feedback", "sibling", "shuffled")
+
+
+@torch.no_grad()
+def measure(policy: Policy, problems: list[Problem], tasks: TaskSource, teacher: Teacher, tok: ByteTokenizer,
+            sampling: Sampling, attempts: int, kinds=KINDS) -> dict[str, dict[str, float]]:
+    group = [p for p in problems for _ in range(attempts)]
+    out = policy.generate([tok.render_prompt(p.prompt) for p in group], sampling)
+    texts = [tok.decode(row.tolist()) for row in out.completion_ids_NC]
+    verdicts = [tasks.verify(p, a) for p, a in zip(group, texts)]
+    ok_PG = torch.tensor([v.reward >= 1.0 for v in verdicts]).view(len(problems), attempts)
+    all_fail_P = ~ok_PG.any(1)
+    result = {"plain": {"accuracy": ok_PG.float().mean().item(), "pass@G": ok_PG.any(1).float().mean().item(),
+                        "all_fail": all_fail_P.float().mean().item()}}
+    failed = [i for i, v in enumerate(verdicts) if v.reward < 1.0]
+    siblings = [list(range(i - i % attempts, i - i % attempts + attempts)) for i in range(len(group))]
+    for kind in kinds:
+        if kind in ("rule", "shuffled"):
+            hinted = hint_failed_attempts(ShuffledTeacher(teacher) if kind == "shuffled" else teacher, LeakGuard(),
+                                          tok, group, texts, verdicts)
+            rows, prompts = hinted.rows, hinted.prompt_ids
+        else:
+            context = {"feedback": "feedback", "sibling": "solution"}[kind]
+            texts_of = {i: teacher_context(i, texts, verdicts, siblings[i], context) for i in failed}
+            rows = [i for i in failed if texts_of[i] is not None]
+            prompts = [tok.render_prompt(group[i].prompt, texts_of[i]) for i in rows]
+        fixed = ok_PG.clone().flatten()
+        if rows:
+            retry = policy.generate(prompts, sampling).completion_ids_NC
+            for i, row in zip(rows, retry):
+                fixed[i] = tasks.verify(group[i], tok.decode(row.tolist())).reward >= 1.0
+        fixed_PG = fixed.view_as(ok_PG)
+        accuracy = fixed_PG.float().mean().item()
+        result[kind] = {"accuracy": accuracy, "gap": accuracy - result["plain"]["accuracy"],
+                        "pass@G": fixed_PG.any(1).float().mean().item(),
+                        "rescued_all_fail": (fixed_PG.any(1) & all_fail_P).float().sum().item() / max(1, all_fail_P.sum().item()),
+                        "hinted": len(rows) / max(1, len(failed))}
+    return result
+
+
+def teacher_gap(run_dir: str | Path, step: int | None = None, attempts: int = 8, seed: int = 0,
+                kinds=KINDS, overrides: list[str] = ()) -> dict:
+    """The gap of the run's checkpoint (newest, or `step`), per bucket: {bucket: {kind: {...}}}.
+    `overrides` change the run's config for the measurement, e.g. ["teacher.reveal=all_but_last"]."""
+    from transformers import AutoModelForCausalLM
+
+    from rl.config import load_config
+    from rl.export import export
+    from student.policy import build_policy
+    from teacher import build_teacher
+
+    cfg = load_config(run_dir, list(overrides))
+    tok, tasks = ByteTokenizer(), TaskSource(cfg.task, cfg.seed)
+    with tempfile.TemporaryDirectory() as folder:
+        model = AutoModelForCausalLM.from_pretrained(export(run_dir, folder, step), dtype=torch.float32)
+    policy = build_policy(model.eval(), pad_id=tok.pad_id, banned_ids=tok.never_sampled)
+    sampling = Sampling(max_new_tokens=cfg.rollout.max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id,
+                        temperature=cfg.rollout.temperature)
+    teacher = build_teacher(cfg.teacher)
+    torch.manual_seed(seed)
+    return {bucket: measure(policy, problems, tasks, teacher, tok, sampling, attempts, kinds)
+            for bucket, problems in tasks.eval_by_bucket.items()}
+
+
+def table(gap: dict) -> str:
+    kinds = [k for k in KINDS if k in next(iter(gap.values()))]
+    lines = ["| bucket | plain | pass@G | all-fail | " + " | ".join(f"{k}: gap (rescued all-fail)" for k in kinds) + " |",
+             "|---|---|---|---|" + "---|" * len(kinds)]
+    for bucket, r in gap.items():
+        p = r["plain"]
+        lines.append(f"| {bucket} | {p['accuracy']:.3f} | {p['pass@G']:.3f} | {p['all_fail']:.3f} | " + " | ".join(
+            f"{r[k]['gap']:+.3f} ({r[k]['rescued_all_fail']:.2f})" for k in kinds) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rl.teacher_gap", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir")
+    parser.add_argument("overrides", nargs="*", help="config changes for the measurement, e.g. teacher.reveal=all_but_last")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
+    parser.add_argument("--attempts", type=int, default=8, help="sampled attempts per problem (G)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--out", default=None, help="write the result as JSON here")
+    args = parser.parse_args(argv)
+    gap = teacher_gap(args.run_dir, args.step, args.attempts, args.seed, overrides=args.overrides)
+    if args.out:
+        Path(args.out).write_text(json.dumps(gap, indent=1) + "\n")
+    print(table(gap))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""scripts/reproduce.sh's engine (rl/study.py): study.yaml checks, the summary's arithmetic, and a
+tiny study run end to end (warm-start shared per seed, arms resumed from it, table, figure)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from rl.config import ConfigError
+from rl.study import BEGIN, END, load_study, reach, spread
+
+TINY_STUDY = f"""base: {ROOT / 'experiments/repro-guide'}
+task: {{eval_size: 8}}
+student: {{hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 1, num_experts: 4, expert_width: 16}}
+rollout: {{prompts_per_step: 4, attempts_per_prompt: 4}}
+warmstart: {{steps: 4, batch_size: 8}}
+trainer: {{steps: 4, eval_every: 2, checkpoint_every: 2}}
+"""
+
+
+def folder(tmp_path, study: str):
+    (tmp_path / "config.yaml").write_text(TINY_STUDY)
+    (tmp_path / "study.yaml").write_text(study)
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", ["repro-guide", "repro-sdpo", "repro-opd", "composer-targeted-hint"])
+def test_every_study_folder_loads(name):
+    study = load_study(ROOT / "experiments" / name)
+    assert study.seeds == [0, 1, 2] and study.target_bucket == "hard" and study.target_arm == "grpo"
+    assert any("shuffle" in o or "easy" in o for a in study.arms for o in a.overrides), "a control arm"
+
+
+@pytest.mark.parametrize("study, message", [
+    ("arms: {a: [seed=3]}", "change what the arms share"),
+    ("arms: {a: [warmstart.steps=3]}", "change what the arms share"),
+    ("arms: {a: [method.name=nope]}", "method.name='nope'"),
+    ("arms: {a: []}\ntarget: {arm: b}", "target.arm 'b' is not an arm"),
+    ("arms: {a: []}\ntarget: {bucket: middle}", "target.bucket 'middle' is not a bucket"),
+    ("arm: {a: []}", "unknown keys ['arm']"),
+    ("seeds: [0]", "no arms"),
+])
+def test_bad_study_yaml_is_named(tmp_path, study, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_study(folder(tmp_path, study))
+
+
+def test_reach_and_spread():
+    curve = {"step": [10, 20, 30, 40], "generated": [0, 100, 200, 300], "hard": [0.0, 0.1, 0.3, 0.2]}
+    assert reach(curve, "hard", 0.25) == (20, 200)
+    assert reach(curve, "hard", 0.0) == (10, 100)          # the warm-start point does not count
+    assert reach(curve, "hard", 0.5) == (None, None)
+    assert spread([1.0, 3.0, None]) == {"mean": 2.0, "std": pytest.approx(2 ** 0.5), "n": 2}
+    assert spread([None])["mean"] is None
+
+
+@pytest.mark.slow
+def test_tiny_study_runs_every_arm_and_writes_the_table(tmp_path):
+    (tmp_path / "tiny").mkdir()
+    study = folder(tmp_path / "tiny", """seeds: [0, 1]
+target: {bucket: hard, arm: grpo}
+arms:
+  grpo: [method.name=grpo]
+  guide_shuffled: [method.name=corrected_replay, teacher.shuffle=true]
+  lr: {overrides: [method.name=grpo, trainer.lr=3.0e-4], seeds: [0]}
+""")
+    (study / "README.md").write_text(f"# tiny\n\nintro\n\n{BEGIN}\nold table\n{END}\n\nafter\n")
+    out = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "rl.study", str(study), "--output_dir", str(out)]
+    first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    runs = sorted(p.name for p in (out / "tiny").iterdir() if p.is_dir() and p.name != "logs")
+    assert runs == ["grpo-s0", "grpo-s1", "guide_shuffled-s0", "guide_shuffled-s1", "lr-s0"]
+    assert len(list((out / "_warmstart").iterdir())) == 2            # one warm-start per seed, shared
+    summary = json.loads((study / "results" / "summary.json").read_text())
+    assert summary["arms"]["grpo"]["seeds"] == [0, 1] and summary["arms"]["lr"]["seeds"] == [0]
+    assert set(summary["teacher_gap"]) == {"0", "1"}
+    grpo = summary["arms"]["grpo"]
+    assert grpo["tokens"]["generated"]["mean"] > 0 and grpo["final"]["hard"]["n"] == 2
+    shuffled = summary["arms"]["guide_shuffled"]
+    assert shuffled["tokens"]["generated"]["mean"] > grpo["tokens"]["generated"]["mean"]   # regenerations
+    readme = (study / "README.md").read_text()
+    assert "old table" not in readme and readme.count(BEGIN) == 1 and "intro" in readme and "after" in readme
+    assert "| `guide_shuffled` | 2 |" in readme
+    assert (study / "results.png").stat().st_size > 1000
+    # Rerunning reuses the finished runs and replaces the table.
+    stamp = (out / "tiny" / "grpo-s0" / "metrics.jsonl").stat().st_mtime
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (out / "tiny" / "grpo-s0" / "metrics.jsonl").stat().st_mtime == stamp
+    assert (study / "README.md").read_text().count(BEGIN) == 1
+
+
+def test_overview_has_one_line_per_study_with_its_verdict(tmp_path):
+    from rl.study import overview
+
+    stat = lambda m: {"mean": m, "std": 0.01, "n": 3}
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "summary.json").write_text(json.dumps({
+        "target": {"bucket": "hard"},
+        "arms": {"grpo": {"seeds": [0, 1, 2], "final": {"hard": stat(0.1)}},
+                 "guide": {"seeds": [0, 1, 2], "final": {"hard": stat(0.25)}}}}))
+    (tmp_path / "README.md").write_text("# x\n\n**Verdict: not reproduced.** Because.\n")
+    table = overview([tmp_path, tmp_path / "missing"]).splitlines()
+    assert len(table) == 3
+    assert "`grpo` 0.100 ± 0.010 (n=3); `guide` 0.250 ± 0.010 (n=3)" in table[2]
+    assert table[2].endswith("| not reproduced |")
