@@ -266,8 +266,14 @@ def summarize(study: Study, output_dir: Path) -> dict:
     runs = {arm.name: {s: run_summary(base / f"{arm.name}-s{s}", warm, buckets) for s in arm.seeds
                        if finished(base / f"{arm.name}-s{s}", warm + cfg.trainer.steps)} for arm in study.arms}
     reference = runs.get(study.target_arm) or {}
-    target = spread([r["final"][study.target_bucket] for r in reference.values()])["mean"]
     ref_tokens = spread([r["tokens"]["generated"] for r in reference.values()])["mean"]
+    targets = {}
+    for b in buckets:
+        final = spread([r["final"][b] for r in reference.values()])["mean"]
+        start = spread([r["warmstart_end"][b] for r in reference.values()])["mean"]
+        # A reference that ends no better than it started sets no target: "reaching" it means nothing.
+        targets[b] = {"accuracy": final, "reference_warmstart_end": start,
+                      "meaningful": final is not None and start is not None and final > start}
     gaps = {s: json.loads((base / f"teacher_gap-s{s}.json").read_text()) for s in study.seeds
             if (base / f"teacher_gap-s{s}.json").is_file()}
     arms = {}
@@ -279,20 +285,22 @@ def summarize(study: Study, output_dir: Path) -> dict:
             entry[field] = {b: spread([r[field][b] for r in per_seed.values()]) for b in buckets}
         entry["tokens"] = {k: spread([r["tokens"][k] for r in per_seed.values()]) for k in ("generated", "scored", "trained")}
         entry["rl_step_s"] = spread([r["rl_step_s"] for r in per_seed.values()])
-        if target is not None:
-            reached = {s: reach(r["curve"], study.target_bucket, target) for s, r in per_seed.items()}
-            entry["to_target"] = {"steps": spread([v[0] for v in reached.values()]),
-                                  "generated": spread([v[1] for v in reached.values()]),
-                                  "reached": sum(v[0] is not None for v in reached.values())}
-            if ref_tokens:
-                # Seeds that never reach the target count as needing more than their whole budget.
-                entry["to_target"]["fraction_of_reference_tokens"] = spread(
-                    [(v[1] if v[1] is not None else float("inf")) / ref_tokens for v in reached.values()])
+        entry["to_target"] = {}
+        for b, t in targets.items():
+            if not t["meaningful"]:
+                continue
+            reached = [reach(r["curve"], b, t["accuracy"]) for r in per_seed.values()]
+            entry["to_target"][b] = {"steps": spread([v[0] for v in reached]),
+                                     "generated": spread([v[1] for v in reached]),
+                                     "reached": sum(v[0] is not None for v in reached),
+                                     # over the seeds that reach it; "reached" says how many did
+                                     "fraction_of_reference_tokens": spread(
+                                         [v[1] / ref_tokens for v in reached if v[1] is not None and ref_tokens])}
         entry["curves"] = {s: r["curve"] for s, r in per_seed.items()}
         arms[name] = entry
     return {"experiment": cfg.experiment, "buckets": buckets, "warmstart_steps": warm, "rl_steps": cfg.trainer.steps,
-            "target": {"bucket": study.target_bucket, "arm": study.target_arm, "accuracy": target,
-                       "reference_generated_tokens": ref_tokens},
+            "target": {"bucket": study.target_bucket, "arm": study.target_arm, **targets[study.target_bucket],
+                       "per_bucket": targets, "reference_generated_tokens": ref_tokens},
             "teacher_gap": gaps, "arms": arms,
             "made": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
@@ -300,8 +308,6 @@ def summarize(study: Study, output_dir: Path) -> dict:
 def _pm(s: dict, scale: float = 1.0, digits: int = 3) -> str:
     if s["mean"] is None:
         return "—"
-    if s["mean"] == float("inf"):
-        return "never"
     return f"{s['mean'] * scale:.{digits}f} ± {s['std'] * scale:.{digits}f}"
 
 
@@ -315,7 +321,7 @@ def results_markdown(summary: dict) -> str:
               f"to reach {target['accuracy'] or 0:.3f} on {tb}: steps | generated | × {target['arm']}'s tokens | s/step |",
               "|---|---|" + "---|" * len(buckets) + "---|---|---|---|---|---|---|"]
     for name, a in summary["arms"].items():
-        t = a.get("to_target", {})
+        t = a["to_target"].get(tb, {})
         n = len(a["seeds"])
         lines.append(
             f"| `{name}` | {n} | " + " | ".join(_pm(a["final"][b]) for b in buckets) + f" | {_pm(a['peak'][tb])} | "
@@ -323,6 +329,22 @@ def results_markdown(summary: dict) -> str:
             + (f"{_pm(t['steps'], 1, 0)} ({t['reached']}/{n}) | {_pm(t['generated'], 1e-6, 2)}M | "
                f"{_pm(t['fraction_of_reference_tokens'], 1, 2)} |" if t else "— | — | — |")
             + f" {_pm(a['rl_step_s'], 1 / max(1, summary['rl_steps']), 2)} |")
+    if target["accuracy"] is not None and not target["meaningful"]:
+        lines += ["", f"No target: `{target['arm']}` ends at {target['accuracy']:.3f} on `{tb}`, no better than where "
+                  f"warm-start left it ({target['reference_warmstart_end']:.3f}), so reaching its final accuracy means "
+                  "nothing and the to-reach columns are empty."]
+    others = [b for b, t in target["per_bucket"].items() if b != tb and t["meaningful"]]
+    if others:
+        lines += ["", f"Every bucket where `{target['arm']}` improved on warm-start: generated tokens to reach its mean "
+                  f"final accuracy there, as a multiple of its own generated tokens (seeds that reached it / seeds).", "",
+                  "| arm | " + " | ".join(f"{b} (≥ {target['per_bucket'][b]['accuracy']:.3f})" for b in others) + " |",
+                  "|---|" + "---|" * len(others)]
+        for name, a in summary["arms"].items():
+            cells = []
+            for b in others:
+                t = a["to_target"][b]
+                cells.append(f"{_pm(t['fraction_of_reference_tokens'], 1, 2)} ({t['reached']}/{len(a['seeds'])})")
+            lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
     if summary["teacher_gap"]:
         lines += ["", "Teacher gap of the warm-started student (`rl/teacher_gap.py`, before RL), mean over seeds: "
                   "plain accuracy and pass@G of sampled attempts, the share of problems whose attempts all fail, and per "

@@ -97,9 +97,11 @@ def test_resume_continues_bit_identically(tmp_path):
 @pytest.mark.parametrize("extra", [
     ["method.name=hint_distill", "method.teacher_weights=ema", "method.ema_rate=0.3"],
     ["method.name=self_distill", "method.context=feedback"],                 # EMA teacher, top-k JSD
-    ["method.name=corrected_replay", "method.when=failed"],
+    # with difficulty buckets (warm-start on one, RL on both) and the shuffled-hint control
+    ["method.name=corrected_replay", "method.when=failed", "teacher.shuffle=true", "warmstart.mix={easy: 1}",
+     "task.buckets={easy: {min_digits: 1, max_digits: 2}, hard: {min_digits: 3, max_digits: 3}}"],
     ["method.name=teacher_distill"],
-], ids=["hint_distill-ema", "self_distill", "corrected_replay", "teacher_distill"])
+], ids=["hint_distill-ema", "self_distill", "corrected_replay-buckets-shuffled", "teacher_distill"])
 def test_resume_mid_rl_is_bit_identical(tmp_path, extra, exported_teacher):
     """Killed after RL step 3 of 4 (step 6, an eval step in both runs), resumed from that checkpoint:
     the same run, metric for metric and sample for sample; the EMA teacher comes back from the
