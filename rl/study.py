@@ -20,7 +20,8 @@ Per seed, warm-start runs once (`trainer.steps=0`, which checkpoints at its end)
 of the warm-started student is measured (rl/teacher_gap.py); every arm then resumes a copy of that
 run with its overrides and the experiment's RL steps, so the arms share their starting point
 exactly. Folders whose configs warm-start alike share the warm-start too
-(`runs/study/_warmstart/<config hash>-s<seed>`). Runs go to `runs/study/<experiment>/<arm>-s<seed>`,
+(`runs/study/_warmstart/<config hash>-s<seed>`), and an arm identical to another folder's finished
+arm (same warm-start, steps and overrides, e.g. `grpo`) is copied from it. Runs go to `runs/study/<experiment>/<arm>-s<seed>`,
 `--jobs` at a time (cores / jobs torch threads each); a finished run is reused, an unfinished one is
 started again (`--fresh` starts all again). Then, from the runs' metrics.jsonl (every arm of
 study.yaml, on study.yaml's seeds that have a finished run):
@@ -56,6 +57,7 @@ from rl.config import ConfigError, load_config, to_yaml
 
 BEGIN, END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
 WARM = "_warmstart"       # runs/study/_warmstart/<config hash>-s<seed>: shared by every folder that warm-starts alike
+RUN_KEY = "study_key.json"  # in an arm's run folder: what made it (warm-start, RL steps, threads, overrides)
 SHARED = ("seed", "task.", "student.", "warmstart.", "output_dir", "run_name", "resume")   # not per arm
 
 
@@ -193,9 +195,18 @@ def run_all(study: Study, output_dir: Path, jobs: int, fresh: bool) -> None:
         if not fresh and finished(run, total):
             return
         shutil.rmtree(run, ignore_errors=True)
-        shutil.copytree(warm_dirs[seed], run, ignore=shutil.ignore_patterns("teacher_gap.json"))
         overrides = [o.replace("{output_dir}", str(output_dir)) for o in arm.overrides]
+        # The same warm-start, RL steps and overrides make the same run (fresh runs are bit-identical):
+        # another folder's finished one (e.g. every folder's `grpo`) is copied, not run again.
+        key = json.dumps([warm_dirs[seed].name, cfg.trainer.steps, threads, sorted(overrides)])
+        twin = next((p.parent for p in output_dir.glob(f"*/*-s{seed}/{RUN_KEY}")
+                     if p.read_text() == key and finished(p.parent, total)), None)
+        if twin is not None and not fresh:
+            shutil.copytree(twin, run)
+            return
+        shutil.copytree(warm_dirs[seed], run, ignore=shutil.ignore_patterns("teacher_gap.json"))
         train(run.name, ["resume=true", f"trainer.steps={cfg.trainer.steps}", *overrides], experiment)
+        (run / RUN_KEY).write_text(key)
 
     tasks = [(arm, seed) for seed in study.seeds for arm in study.arms if seed in arm.seeds]
     with ThreadPoolExecutor(jobs) as pool, tqdm(total=len(study.prepare) + len(study.seeds) + len(tasks), unit="run",

@@ -90,6 +90,16 @@ arms:
     assert again.returncode == 0, again.stderr[-3000:]
     assert (out / "tiny" / "grpo-s0" / "metrics.jsonl").stat().st_mtime == stamp
     assert (study / "README.md").read_text().count(BEGIN) == 1
+    # Another folder that warm-starts alike shares the warm-start, and copies an identical arm.
+    (tmp_path / "twin").mkdir()
+    twin = folder(tmp_path / "twin", "seeds: [0]\narms:\n  plain: [method.name=grpo]\n")
+    third = subprocess.run([sys.executable, "-m", "rl.study", str(twin), "--output_dir", str(out)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=600)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert len(list((out / "_warmstart").iterdir())) == 2
+    assert not (out / "twin" / "logs" / "plain-s0.log").exists()
+    assert ((out / "twin" / "plain-s0" / "metrics.jsonl").read_text()
+            == (out / "tiny" / "grpo-s0" / "metrics.jsonl").read_text())
 
 
 def test_overview_has_one_line_per_study_with_its_verdict(tmp_path):
