@@ -15,9 +15,8 @@ named "all", and the stream is the one it always was.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import random
+from dataclasses import dataclass
 
 import reasoning_gym
 
