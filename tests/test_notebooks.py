@@ -211,3 +211,19 @@ def test_report_cli_writes_html_next_to_the_run(runs_root):
     assert out.stdout.strip() == str(html)
     body = html.read_text()
     assert "<html" in body and "data:image/png;base64" in body and "held-out accuracy" in body
+
+
+@pytest.mark.slow
+def test_compare_runs_notebook_groups_a_studys_runs_by_arm(runs_root, tmp_path):
+    """rl.study names runs <arm>-s<seed>; GROUP_BY="arm" (HINTRL_GROUP_BY) groups the seeds of an arm."""
+    import shutil
+
+    study = tmp_path / "study"
+    for name, arm in (("a", "x-s0"), ("b", "x-s1")):
+        shutil.copytree(runs_root / name, study / arm)
+    nb = execute_notebook(ROOT / "notebooks" / "compare_runs.ipynb", [study], tmp_path / "figs", timeout=120,
+                          group_by="arm")
+    (columns, rows), = html_tables(cell_outputs(nb, "overview = pd.DataFrame"))
+    assert "arm" in columns and {dict(zip(columns, cells))["arm"] for _, *cells in rows} == {"x"}
+    (_, _), (group_columns, group_rows) = html_tables(cell_outputs(nb, "reach = pd.DataFrame"))
+    assert [g for g, *_ in group_rows] == ["x"] and int(group_rows[0][1:][group_columns.index("runs")]) == 2
