@@ -309,7 +309,15 @@ def summarize(study: Study, output_dir: Path) -> dict:
                                          [v[1] / ref_tokens for v in reached if v[1] is not None and ref_tokens])}
         entry["curves"] = {s: r["curve"] for s, r in per_seed.items()}
         arms[name] = entry
+    prepared = {}
+    for folder in study.prepare:          # e.g. a teacher: its final held-out accuracy per bucket
+        own = load_config(folder)
+        rows = [r for r in metrics_of(output_dir / own.experiment / own.run_name) if "eval/accuracy" in r]
+        if rows:
+            prepared[own.experiment] = {"step": rows[-1]["step"],
+                                        **{b: rows[-1][accuracy_key(b, buckets)] for b in buckets}}
     return {"experiment": cfg.experiment, "buckets": buckets, "warmstart_steps": warm, "rl_steps": cfg.trainer.steps,
+            "prepared": prepared,
             "target": {"bucket": study.target_bucket, "arm": study.target_arm, **targets[study.target_bucket],
                        "per_bucket": targets, "reference_generated_tokens": ref_tokens},
             "teacher_gap": gaps, "arms": arms,
@@ -356,6 +364,10 @@ def results_markdown(summary: dict) -> str:
                 t = a["to_target"][b]
                 cells.append(f"{_pm(t['fraction_of_reference_tokens'], 1, 2)} ({t['reached']}/{len(a['seeds'])})")
             lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    if summary.get("prepared"):
+        lines += ["", "Prepared runs (`prepare` in study.yaml), final held-out accuracy per bucket: " + "; ".join(
+            f"`{name}` " + ", ".join(f"{b} {acc:.3f}" for b, acc in r.items() if b != "step")
+            for name, r in summary["prepared"].items()) + "."]
     if summary["teacher_gap"]:
         lines += ["", "Teacher gap of the warm-started student (`rl/teacher_gap.py`, before RL), mean over seeds: "
                   "plain accuracy and pass@G of sampled attempts, the share of problems whose attempts all fail, and per "
