@@ -65,3 +65,12 @@ def mean_over_ranks(metrics: dict[str, float], summed: tuple[str, ...] = ("loss/
 def barrier() -> None:
     if _active():
         tdist.barrier()
+
+
+def shutdown() -> None:
+    """Destroy the process group while the interpreter is whole. A rank that exits with it alive
+    can abort (SIGABRT, "terminate called without an active exception"): gloo's worker threads
+    still hold tensors when Python tears down. Local to this rank (no collective), so it is safe at
+    exit even when another rank has died; registered with atexit by rl/engine.py."""
+    if tdist.is_available() and tdist.is_initialized():
+        tdist.destroy_process_group()

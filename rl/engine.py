@@ -14,13 +14,14 @@ order of collectives.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import warnings
 from typing import Callable
 
 import torch
 
-from rl.distributed import free_port
+from rl.distributed import free_port, shutdown
 
 
 def init_distributed() -> None:
@@ -45,6 +46,7 @@ def init_distributed() -> None:
                             category=FutureWarning)
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend="gloo" if accel.device_name() == "cpu" else "nccl")
+        atexit.register(shutdown)   # rl/distributed.py::shutdown says why
 
 
 def deepspeed_config(cfg) -> dict:

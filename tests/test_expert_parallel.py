@@ -7,6 +7,7 @@ to a JSON file per rank, which the test then checks.
 """
 from __future__ import annotations
 
+import atexit
 import copy
 import json
 import os
@@ -34,6 +35,8 @@ def _init():
     if builder is not None:   # skip DeepSpeed's shm-op compile (minutes), as rl.engine does
         deepspeed.ops.__compatible_ops__[builder.NAME] = False
     deepspeed.init_distributed(dist_backend="gloo")
+    # Exiting with the group alive can abort a rank under gloo (rl/distributed.py::shutdown).
+    atexit.register(torch.distributed.destroy_process_group)
 
 
 def _max_diff(a: dict, b: dict) -> float:
