@@ -251,7 +251,7 @@ def run_summary(run_dir: Path, warm: int, buckets: list[str]) -> dict:
             "final": {b: curve[b][-1] for b in buckets},
             "peak": {b: max(curve[b][1:] or curve[b]) for b in buckets},
             "tokens": {k: last.get(f"budget/{k}_tokens_total", 0.0) - start[k] for k in start},
-            "rl_step_s": sum(r.get("time/step_s", 0.0) for r in rows if r["step"] > warm)}
+            "rl_seconds": sum(r.get("time/step_s", 0.0) for r in rows if r["step"] > warm)}
 
 
 def reach(curve: dict, bucket: str, target: float) -> tuple[float | None, float | None]:
@@ -295,7 +295,7 @@ def summarize(study: Study, output_dir: Path) -> dict:
         for field in ("warmstart_end", "final", "peak"):
             entry[field] = {b: spread([r[field][b] for r in per_seed.values()]) for b in buckets}
         entry["tokens"] = {k: spread([r["tokens"][k] for r in per_seed.values()]) for k in ("generated", "scored", "trained")}
-        entry["rl_step_s"] = spread([r["rl_step_s"] for r in per_seed.values()])
+        entry["rl_seconds"] = spread([r["rl_seconds"] for r in per_seed.values()])
         entry["to_target"] = {}
         for b, t in targets.items():
             if not t["meaningful"]:
@@ -347,7 +347,7 @@ def results_markdown(summary: dict) -> str:
             f"{_pm(a['tokens']['generated'], 1e-6, 2)}M | {_pm(a['tokens']['scored'], 1e-6, 2)}M | "
             + (f"{_pm(t['steps'], 1, 0)} ({t['reached']}/{n}) | {_pm(t['generated'], 1e-6, 2)}M | "
                f"{_pm(t['fraction_of_reference_tokens'], 1, 2)} |" if t else "— | — | — |")
-            + f" {_pm(a['rl_step_s'], 1 / max(1, summary['rl_steps']), 2)} |")
+            + f" {_pm(a['rl_seconds'], 1 / max(1, summary['rl_steps']), 2)} |")
     if target["accuracy"] is not None and not target["meaningful"]:
         lines += ["", f"No target: `{target['arm']}` ends at {target['accuracy']:.3f} on `{tb}`, no better than where "
                   f"warm-start left it ({target['reference_warmstart_end']:.3f}), so reaching its final accuracy means "
@@ -439,8 +439,9 @@ def overview(folders: list[Path]) -> str:
         bucket = summary["target"]["bucket"]
         arms = "; ".join(f"`{name}` {_pm(a['final'][bucket])} (n={len(a['seeds'])})" for name, a in summary["arms"].items())
         readme = (folder / "README.md").read_text() if (folder / "README.md").is_file() else ""
-        found = re.search(r"^\*\*Verdict:?\s*(.*?)\*\*", readme, re.MULTILINE)
-        verdict = found.group(1).strip(" .") if found else ""
+        # The bold verdict may wrap over several lines of the README.
+        found = re.search(r"^\*\*Verdict:?\s*(.*?)\*\*", readme, re.MULTILINE | re.DOTALL)
+        verdict = " ".join(found.group(1).split()).strip(" .") if found else ""
         lines.append(f"| [{folder.name}](experiments/{folder.name}/) | {bucket} | {arms} | {verdict} |")
     return "\n".join(lines)
 

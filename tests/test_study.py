@@ -116,3 +116,6 @@ def test_overview_has_one_line_per_study_with_its_verdict(tmp_path):
     assert len(table) == 3
     assert "`grpo` 0.100 ± 0.010 (n=3); `guide` 0.250 ± 0.010 (n=3)" in table[2]
     assert table[2].endswith("| not reproduced |")
+    # A verdict wrapped over lines, as a README's prose has it, is read whole.
+    (tmp_path / "README.md").write_text("# x\n\n**Verdict: not reproduced: the teacher is\nno better.** Because.\n")
+    assert overview([tmp_path]).splitlines()[2].endswith("| not reproduced: the teacher is no better |")
