@@ -25,7 +25,14 @@ def folder(tmp_path, study: str):
     return tmp_path
 
 
-@pytest.mark.parametrize("name", ["repro-guide", "repro-sdpo", "repro-opd", "composer-targeted-hint"])
+STUDIES = sorted(p.parent.name for p in (ROOT / "experiments").glob("*/study.yaml"))
+
+
+def test_the_study_folders_are_found():
+    assert {"repro-guide", "repro-sdpo", "repro-opd", "composer-targeted-hint", "guide-partial-hints"} <= set(STUDIES)
+
+
+@pytest.mark.parametrize("name", STUDIES)
 def test_every_study_folder_loads(name):
     study = load_study(ROOT / "experiments" / name)
     assert study.seeds == [0, 1, 2] and study.target_bucket == "hard" and study.target_arm == "grpo"
