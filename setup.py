@@ -55,7 +55,8 @@ setup(
     ],
     package_data={"teacher": ["prompts/*.txt"]},   # the default teacher prompt
     extras_require={
-        "dev": ["pytest", "pytest-timeout", "pandas", "matplotlib", "nbformat", "nbclient", "nbconvert", "ipykernel"],
+        "dev": ["pytest", "pytest-timeout", "pandas", "matplotlib", "nbformat", "nbclient", "nbconvert", "ipykernel",
+                "champ-dataset"],        # the bring-your-own-data example (rl/champ.py)
         "vllm": ["vllm>=0.33"],
         "flash": ["flash-attn"],
         "gguf": ["gguf", "accelerate"],           # teacher.kind=hf with a .gguf model

@@ -33,6 +33,9 @@ class TaskConfig:
     buckets: dict[str, Any] = field(default_factory=dict)   # difficulty buckets: name -> settings over `config`
                                              # (own generator and held-out set each; rl/tasks.py)
     mix: dict[str, float] = field(default_factory=dict)     # RL draws buckets by these weights; {} = all alike
+    source: str = "reasoning_gym"            # "reasoning_gym" (task.name) or "jsonl": your own problems (rl/jsonl_task.py)
+    path: str = ""                           # source=jsonl: the problem file, relative to the experiment folder
+    match: str = "math"                      # source=jsonl: "math" (math-verify) or "exact" text
 
 
 @dataclass
@@ -205,9 +208,13 @@ def validate(cfg: RunConfig) -> None:
     import reasoning_gym
     from rl.methods import METHODS
 
-    _choice(cfg.task.name, reasoning_gym.factory.DATASETS, "task.name")
+    _choice(cfg.task.source, {"reasoning_gym", "jsonl"}, "task.source")
+    if cfg.task.source == "jsonl":
+        _validate_jsonl(cfg)
+    else:
+        _choice(cfg.task.name, reasoning_gym.factory.DATASETS, "task.name")
+        _validate_buckets(cfg)
     _choice(cfg.task.render, {"question", "expression"}, "task.render")
-    _validate_buckets(cfg)
     _choice(cfg.task.reward, {"binary", "partial"}, "task.reward")
     _choice(cfg.method.name, METHODS, "method.name")
     for key, valid in type(cfg.method).CHOICES.items():
@@ -243,6 +250,38 @@ def validate(cfg: RunConfig) -> None:
     _validate_scale(cfg)
 
 
+def _validate_jsonl(cfg: RunConfig) -> None:
+    """The problem file is read and checked now (a bad line is named before any compute); its
+    `bucket` fields are the buckets the mixes may name."""
+    from rl.jsonl_task import JsonlError, bucket_of, load_problems, split_held_out
+
+    t = cfg.task
+    if not t.path:
+        raise ConfigError("task.source=jsonl needs task.path: a JSON-lines file of problems (rl/jsonl_task.py)")
+    _choice(t.match, {"math", "exact"}, "task.match")
+    _choice(t.render, {"question"}, "task.render (task.source=jsonl)")
+    if t.buckets:
+        raise ConfigError("task.buckets: with task.source=jsonl the buckets are the file's 'bucket' fields; "
+                          "remove task.buckets")
+    try:
+        problems = load_problems(t.path)
+        names = sorted({bucket_of(p) for p in problems})
+        for name in names:
+            split_held_out([p for p in problems if bucket_of(p) == name], t.eval_size, t.eval_seed)
+    except JsonlError as err:
+        raise ConfigError(str(err)) from None
+    _validate_mixes(cfg, set(names))
+
+
+def _validate_mixes(cfg: RunConfig, names: set[str]) -> None:
+    for key, mix in (("task.mix", cfg.task.mix), ("warmstart.mix", cfg.warmstart.mix)):
+        unknown = sorted(set(mix) - names)
+        if unknown:
+            raise ConfigError(f"{key} names {unknown}, not buckets of the task ({sorted(names)})")
+        if any(w < 0 for w in mix.values()) or (mix and sum(mix.values()) <= 0):
+            raise ConfigError(f"{key}={dict(mix)}: weights must be >= 0 with a positive sum")
+
+
 def _validate_buckets(cfg: RunConfig) -> None:
     """Every bucket's settings make a valid generator; mixes name existing buckets with weights >= 0."""
     import reasoning_gym
@@ -257,13 +296,7 @@ def _validate_buckets(cfg: RunConfig) -> None:
             getattr(settings, "validate", lambda: None)()
         except (TypeError, AssertionError, ValueError) as err:
             raise ConfigError(f"{key}: {err} (settings of reasoning-gym's {cfg.task.name!r})") from None
-    names = set(cfg.task.buckets) or {"all"}
-    for key, mix in (("task.mix", cfg.task.mix), ("warmstart.mix", cfg.warmstart.mix)):
-        unknown = sorted(set(mix) - names)
-        if unknown:
-            raise ConfigError(f"{key} names {unknown}, not buckets of task.buckets ({sorted(names)})")
-        if any(w < 0 for w in mix.values()) or (mix and sum(mix.values()) <= 0):
-            raise ConfigError(f"{key}={dict(mix)}: weights must be >= 0 with a positive sum")
+    _validate_mixes(cfg, set(cfg.task.buckets) or {"all"})
 
 
 def _validate_scale(cfg: RunConfig) -> None:
@@ -350,6 +383,8 @@ def load_config(experiment_dir: str | Path | None = None, overrides: list[str] =
             raise ConfigError(f"command line: {item!r}: {err}") from None
         cfg = _merge(cfg, layer, f"command line {item!r}")
     run_cfg: RunConfig = OmegaConf.to_object(cfg)
+    if run_cfg.task.path and not Path(run_cfg.task.path).is_absolute():   # saved absolute, as below
+        run_cfg.task.path = str((Path(experiment_dir or ".") / run_cfg.task.path).resolve())
     template = run_cfg.teacher.prompt_template
     if template and not Path(template).is_absolute():
         # Named relative to the experiment folder; saved absolute, so a resumed run still finds it.

@@ -29,7 +29,9 @@ class HintedRows:
 def request_for(problem: Problem, attempt: str, verdict: Verdict) -> HintRequest:
     messages = [{"role": "user", "content": problem.prompt},
                 {"role": "assistant", "content": attempt}]
-    return HintRequest(messages, verdict.feedback, problem.answer)
+    # A problem file's human-written hints (task.source=jsonl) travel with the request.
+    hints = problem.entry.get("metadata", {}).get("hints") or []
+    return HintRequest(messages, verdict.feedback, problem.answer, list(hints))
 
 
 def hint_failed_attempts(teacher: Teacher, guard: LeakGuard, tok: ByteTokenizer,

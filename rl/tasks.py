@@ -1,4 +1,5 @@
-"""Tasks from reasoning-gym, scored by their own verifiers, with feedback text for the teacher.
+"""Tasks from reasoning-gym, scored by their own verifiers, with feedback text for the teacher;
+or your own problems from a JSON-lines file (`task.source: jsonl`, rl/jsonl_task.py).
 
 Training problems stream from `seed`; held-out problems come from `task.eval_seed`. Seeds alone
 do not make the sets disjoint (many generators draw from small spaces: two-term arithmetic has
@@ -58,17 +59,32 @@ def bucket_settings(cfg: TaskConfig) -> dict[str, dict]:
 class TaskSource:
     def __init__(self, cfg: TaskConfig, seed: int):
         self.cfg, self.seed = cfg, seed
-        self.buckets = list(bucket_settings(cfg))
-        # Bucket k streams from seed + k and holds out eval_seed + k: bucket 0 keeps the plain seeds.
         self.train, self.eval_by_bucket = {}, {}
-        for k, (name, settings) in enumerate(bucket_settings(cfg).items()):
-            self.train[name] = reasoning_gym.create_dataset(cfg.name, seed=seed + k, size=cfg.train_size, **settings)
-            held_out = reasoning_gym.create_dataset(cfg.name, seed=cfg.eval_seed + k, size=cfg.eval_size, **settings)
-            self.eval_by_bucket[name] = [self._problem(i, held_out[i], name) for i in range(cfg.eval_size)]
+        if cfg.source == "jsonl":
+            self._load_jsonl()
+        else:
+            # Bucket k streams from seed + k and holds out eval_seed + k: bucket 0 keeps the plain seeds.
+            for k, (name, settings) in enumerate(bucket_settings(cfg).items()):
+                self.train[name] = reasoning_gym.create_dataset(cfg.name, seed=seed + k, size=cfg.train_size, **settings)
+                held_out = reasoning_gym.create_dataset(cfg.name, seed=cfg.eval_seed + k, size=cfg.eval_size, **settings)
+                self.eval_by_bucket[name] = [self._problem(i, held_out[i], name) for i in range(cfg.eval_size)]
+        self.buckets = list(self.train)
         self.eval_problems = [p for problems in self.eval_by_bucket.values() for p in problems]
         self._eval_prompts = {p.prompt for p in self.eval_problems}
         self.cursor = 0          # next training position; saved in checkpoints
         self.skipped = 0         # training problems skipped because they are held out
+
+    def _load_jsonl(self) -> None:
+        """`task.source: jsonl`: each bucket of the file split into held-out and training problems
+        (rl/jsonl_task.py), the training stream in a per-seed order that cycles."""
+        from rl.jsonl_task import JsonlDataset, bucket_of, load_problems, split_held_out
+
+        problems = load_problems(self.cfg.path)
+        for k, name in enumerate(sorted({bucket_of(p) for p in problems})):
+            train, held_out = split_held_out([p for p in problems if bucket_of(p) == name],
+                                             self.cfg.eval_size, self.cfg.eval_seed + k)
+            self.train[name] = JsonlDataset(train, self.seed + k, self.cfg.match)
+            self.eval_by_bucket[name] = [self._problem(i, JsonlDataset.entry(p), name) for i, p in enumerate(held_out)]
 
     def _problem(self, index: int, entry: dict, bucket: str) -> Problem:
         return Problem(index, render_prompt(entry, self.cfg.render), str(entry["answer"]), entry, bucket)

@@ -4,12 +4,13 @@ The teacher package knows nothing of training: it sees plain chat messages (dict
 and "content"), the verifier's feedback text and, when the task has one, the reference answer,
 which a teacher may read but must never reveal (see `teacher.leak`).
 
-Teachers: `rule` (offline default, teacher/rule.py), `hf` (a local transformers model,
-teacher/hf.py) and `openai` (any OpenAI-compatible chat endpoint, teacher/openai_api.py).
+Teachers: `rule` (offline default, teacher/rule.py), `dataset` (the problem's own human-written
+hints, teacher/dataset.py), `hf` (a local transformers model, teacher/hf.py) and `openai` (any
+OpenAI-compatible chat endpoint, teacher/openai_api.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 
@@ -18,6 +19,7 @@ class HintRequest:
     messages: list[dict]          # [{"role": "user"|"assistant", "content": str}, ...]
     feedback: str                 # the verifier's words about the attempt
     reference: str | None = None  # reference answer, for the teacher's eyes only
+    hints: list[str] = field(default_factory=list)   # the problem's own human-written hints, if its task has them
 
 
 @dataclass
