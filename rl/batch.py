@@ -20,9 +20,12 @@ from student.policy import Routes, Scores
 
 @dataclass
 class RowTargets:
-    """Teacher scores for some rows of the batch: rows[h] is the batch row of scores[h]."""
+    """Teacher scores for some rows of the batch: rows[h] is the batch row of scores[h], in the
+    row's completion positions. `mask_HC`, when set, limits the tokens they cover (e.g. the target
+    message of an episode)."""
     rows: list[int]
     scores: Scores
+    mask_HC: torch.Tensor | None = None
 
     def select(self, index: list[int]) -> "RowTargets":
         """The targets of the batch rows `index`, renumbered to their positions in it."""
@@ -32,7 +35,27 @@ class RowTargets:
         scores = Scores(**{f.name: None if getattr(self.scores, f.name) is None or f.name == "aux_loss"
                            else getattr(self.scores, f.name)[pick.to(getattr(self.scores, f.name).device)]
                            for f in fields(Scores)})
-        return RowTargets([where[self.rows[h]] for h in keep], scores)
+        mask = None if self.mask_HC is None else self.mask_HC[pick.to(self.mask_HC.device)]
+        return RowTargets([where[self.rows[h]] for h in keep], scores, mask)
+
+
+def shift_scores(scores: Scores, starts: list[int], width: int) -> Scores:
+    """Scores of completion slices that began at `starts` (per row), moved to the rows' own
+    positions in a completion `width` wide; positions outside a slice hold zeros."""
+    if not any(starts) and scores.logprobs_NC.size(1) == width:
+        return scores
+
+    def moved(x):
+        if x is None or x.dim() < 2:
+            return x
+        out = x.new_zeros((x.size(0), width, *x.shape[2:]))
+        for h, s in enumerate(starts):
+            n = min(x.size(1), width - s)
+            out[h, s:s + n] = x[h, :n]
+        return out
+
+    return Scores(**{f.name: moved(getattr(scores, f.name)) if f.name != "aux_loss" else None
+                     for f in fields(Scores)})
 
 
 @dataclass
@@ -52,6 +75,7 @@ class Batch:
     weight_N: torch.Tensor | None = None            # per-row weight on the policy-gradient term
     targets: dict[str, RowTargets] = field(default_factory=dict)
     hinted: Any = None                   # rl.feedback.HintedRows of the step, if a teacher was asked
+    transcripts: list | None = None      # rl.episodes.Transcript per row: its messages and their token spans
 
     def __post_init__(self):
         if self.weight_N is None:
@@ -60,6 +84,12 @@ class Batch:
     @property
     def n(self) -> int:
         return len(self.prompt_ids)
+
+    def episodes(self) -> list[tuple[Any, list[int]]] | None:
+        """Each row's (transcript, completion ids), what targeting reads (rl/feedback.py)."""
+        if self.transcripts is None:
+            return None
+        return list(zip(self.transcripts, self.completion_ids_NC.tolist()))
 
     def select(self, index: list[int]) -> "Batch":
         """The rows `index` (in that order) as a batch of their own, targets renumbered."""
@@ -76,7 +106,8 @@ class Batch:
                        attempts=rows(self.attempts), verdicts=rows(self.verdicts), rewards_N=rows(self.rewards_N),
                        group_N=rows(self.group_N), source=rows(self.source),
                        advantages_N=rows(self.advantages_N), weight_N=rows(self.weight_N),
-                       targets={k: t.select(index) for k, t in self.targets.items()})
+                       targets={k: t.select(index) for k, t in self.targets.items()},
+                       transcripts=rows(self.transcripts))
 
     def add_rows(self, more: "Batch", pad_id: int) -> None:
         """Append `more`'s rows to this batch, in place; its advantages are then unset (the caller
@@ -98,7 +129,8 @@ class Batch:
                        attempts=self.attempts + more.attempts, verdicts=self.verdicts + more.verdicts,
                        rewards_N=cat(self.rewards_N, more.rewards_N), group_N=cat(self.group_N, more.group_N),
                        source=self.source + more.source, advantages_N=None,
-                       weight_N=cat(self.weight_N, more.weight_N))
+                       weight_N=cat(self.weight_N, more.weight_N),
+                       transcripts=None if self.transcripts is None else self.transcripts + more.transcripts)
         for f in fields(self):
             setattr(self, f.name, getattr(grown, f.name))
 

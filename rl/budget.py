@@ -61,8 +61,8 @@ class Metered:
     def __getattr__(self, name):        # device, num_routed_layers, take_replay_mismatch, ...
         return getattr(self.policy, name)
 
-    def generate(self, prompts, sampling):
-        roll = self.policy.generate(prompts, sampling)
+    def generate(self, prompts, sampling, turns=None):
+        roll = self.policy.generate(prompts, sampling, turns)
         self.budget.add("generated", int(roll.mask_NC.sum()))
         return roll
 

@@ -36,6 +36,8 @@ class TaskConfig:
     source: str = "reasoning_gym"            # "reasoning_gym" (task.name) or "jsonl": your own problems (rl/jsonl_task.py)
     path: str = ""                           # source=jsonl: the problem file, relative to the experiment folder
     match: str = "math"                      # source=jsonl: "math" (math-verify) or "exact" text
+    environment: str = "answer"              # what answers between messages (rl/environments/): "answer" = one
+                                             # message, the task's verifier; "calculator" = a calc tool (chain_sum)
 
 
 @dataclass
@@ -61,8 +63,9 @@ class MethodConfig:
 class RolloutConfig:
     prompts_per_step: int = 16
     attempts_per_prompt: int = 8             # G, the group size
-    max_new_tokens: int = 8
+    max_new_tokens: int = 8                  # per message
     temperature: float = 1.0
+    max_turns: int = 1                       # assistant messages per episode (environments with tools)
 
 
 @dataclass
@@ -206,6 +209,7 @@ def _choice(value: str, valid, key: str) -> None:
 def validate(cfg: RunConfig) -> None:
     """Checks that need more than a type: names looked up in registries, positive sizes."""
     import reasoning_gym
+    from rl.environments import ENVIRONMENTS
     from rl.methods import METHODS
 
     _choice(cfg.task.source, {"reasoning_gym", "jsonl"}, "task.source")
@@ -216,6 +220,10 @@ def validate(cfg: RunConfig) -> None:
         _validate_buckets(cfg)
     _choice(cfg.task.render, {"question", "expression"}, "task.render")
     _choice(cfg.task.reward, {"binary", "partial"}, "task.reward")
+    _choice(cfg.task.environment, ENVIRONMENTS, "task.environment")
+    if cfg.task.environment == "calculator" and (cfg.task.name != "chain_sum" or cfg.task.render != "expression"):
+        raise ConfigError("task.environment=calculator reads reasoning-gym chain_sum expressions: set "
+                          f"task.name=chain_sum and task.render=expression (not {cfg.task.name}, {cfg.task.render})")
     _choice(cfg.method.name, METHODS, "method.name")
     for key, valid in type(cfg.method).CHOICES.items():
         _choice(getattr(cfg.method, key), set(valid), f"method.{key}")
@@ -230,7 +238,7 @@ def validate(cfg: RunConfig) -> None:
     _choice(cfg.deepspeed.dtype, {"fp32", "bf16"}, "deepspeed.dtype")
     _choice(cfg.deepspeed.zero_stage, {0, 1, 2, 3}, "deepspeed.zero_stage")
     for key in ("rollout.prompts_per_step", "rollout.attempts_per_prompt",
-                "rollout.max_new_tokens", "task.eval_size", "trainer.eval_every",
+                "rollout.max_new_tokens", "rollout.max_turns", "task.eval_size", "trainer.eval_every",
                 "trainer.checkpoint_every", "warmstart.batch_size", "teacher.max_new_tokens",
                 "teacher.batch_size", "teacher.concurrency"):
         section, name = key.split(".")

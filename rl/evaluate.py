@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from rl.environments import Environment
+from rl.environments.answer import AnswerEnvironment
+from rl.episodes import Episodes
 from rl.feedback import hint_failed_attempts
 from rl.tasks import Problem, TaskSource
 from student.policy import Policy, Sampling
@@ -26,32 +29,46 @@ from teacher import LeakGuard, Teacher
 
 @torch.no_grad()
 def evaluate(policy: Policy, problems: list[Problem], tasks: TaskSource, teacher: Teacher,
-             tok: ByteTokenizer, max_new_tokens: int, teacher_policy: Policy | None = None) -> dict[str, float]:
+             tok: ByteTokenizer, max_new_tokens: int, teacher_policy: Policy | None = None,
+             env: Environment | None = None, max_turns: int = 1) -> dict[str, float]:
+    """Counts over `problems`, each an episode with `env` (default: one answer, the task's verifier).
+    A hinted retry continues the episode from the hint's target message."""
     if not problems:
         return {"n": 0, "solved": 0, "fixed": 0, "hinted": 0, "with_hint": 0}
+    env = AnswerEnvironment(tasks) if env is None else env
     greedy = Sampling(max_new_tokens=max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id, greedy=True)
-    plain = [tok.render_prompt(p.prompt) for p in problems]
-    out = policy.generate(plain, greedy)
-    attempts = [tok.decode(row.tolist()) for row in out.completion_ids_NC]
-    verdicts = [tasks.verify(p, a) for p, a in zip(problems, attempts)]
-    correct = [v.reward >= 1.0 for v in verdicts]
-    hinted = hint_failed_attempts(teacher, LeakGuard(), tok, problems, attempts, verdicts)
-    teacher_policy = policy if teacher_policy is None else teacher_policy
 
-    def solves(rows: list[int], prompts: list[list[int]], by: Policy) -> dict[int, bool]:
+    def episodes(rows: list[int], histories=None, prompts=None) -> Episodes:
+        return Episodes(env, tok, [problems[r] for r in rows], max_turns, max_new_tokens, histories, prompts)
+
+    plain = episodes(list(range(len(problems))))
+    out = policy.generate(plain.prompts, greedy, plain)
+    transcripts = plain.transcripts(out.mask_NC)
+    attempts = [t.final_text() for t in transcripts]
+    verdicts = plain.verdicts()
+    correct = [v.reward >= 1.0 for v in verdicts]
+    hinted = hint_failed_attempts(teacher, LeakGuard(), tok, problems, attempts, verdicts,
+                                  episodes=list(zip(transcripts, out.completion_ids_NC.tolist())))
+    teacher_policy = policy if teacher_policy is None else teacher_policy
+    context = {r: (transcripts[r].messages[:target], ids)
+               for r, target, ids in zip(hinted.rows, hinted.targets, hinted.prompt_ids)}
+
+    def solves(rows: list[int], by: Policy) -> dict[int, bool]:
+        """Greedy episodes of `rows` by `by`: from the hint's target message where a row has a hint,
+        from the start elsewhere."""
         if not rows:
             return {}
-        ids = by.generate(prompts, greedy).completion_ids_NC
-        return {r: tasks.verify(problems[r], tok.decode(row.tolist())).reward >= 1.0 for r, row in zip(rows, ids)}
+        starts = [context.get(r, (env.start(problems[r]), plain.prompts[r])) for r in rows]
+        retry = episodes(rows, [h for h, _ in starts], [ids for _, ids in starts])
+        by.generate(retry.prompts, greedy, retry)
+        return {r: v.reward >= 1.0 for r, v in zip(rows, retry.verdicts())}
 
-    retry = solves(hinted.rows, hinted.prompt_ids, policy)
+    retry = solves(hinted.rows, policy)
     if teacher_policy is policy:
         with_hint = {i: retry.get(i, correct[i]) for i in range(len(problems))}
     else:
         # The teacher's own answers: with the hint where there is one, plain elsewhere.
-        prompt_of = dict(zip(hinted.rows, hinted.prompt_ids))
-        rows = list(range(len(problems)))
-        with_hint = solves(rows, [prompt_of.get(i, plain[i]) for i in rows], teacher_policy)
+        with_hint = solves(list(range(len(problems))), teacher_policy)
     return {"n": len(problems), "solved": sum(correct), "fixed": sum(retry.values()), "hinted": len(hinted.rows),
             "with_hint": sum(with_hint.values())}
 

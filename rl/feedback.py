@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rl.episodes import Transcript, hinted_context
 from rl.tasks import Problem, Verdict
 from student.tokenizer import ByteTokenizer
 from teacher import HintRequest, LeakGuard, Teacher
@@ -17,8 +18,10 @@ from teacher import HintRequest, LeakGuard, Teacher
 class HintedRows:
     rows: list[int]                 # indices of the attempts that got a hint
     hints: list[str]                # one per row
-    prompt_ids: list[list[int]]     # each row's prompt with its hint inserted
+    prompt_ids: list[list[int]]     # each row's context up to its target message, the hint right before it
     requested: int                  # attempts a hint was asked for (the failed ones)
+    targets: list[int] = field(default_factory=list)   # per row: the target message's index in its episode
+    starts: list[int] = field(default_factory=list)    # per row: where the target message starts in the completion
     errors: dict[int, str] = field(default_factory=dict)    # row -> "malformed" | "teacher_error" | "leak"
     replies: dict[int, str] = field(default_factory=dict)   # row -> a model teacher's raw reply
 
@@ -26,25 +29,34 @@ class HintedRows:
         return sum(e == error for e in self.errors.values())
 
 
-def request_for(problem: Problem, attempt: str, verdict: Verdict) -> HintRequest:
-    messages = [{"role": "user", "content": problem.prompt},
-                {"role": "assistant", "content": attempt}]
+def request_for(problem: Problem, attempt: str, verdict: Verdict, messages: list[dict] | None = None) -> HintRequest:
+    """The teacher's view of a failed attempt: the episode's messages (a one-message task: the
+    problem and the attempt), the verifier's feedback and, when it named one, its first wrong message."""
+    if messages is None:
+        messages = [{"role": "user", "content": problem.prompt}, {"role": "assistant", "content": attempt}]
     # A problem file's human-written hints (task.source=jsonl) travel with the request.
     hints = problem.entry.get("metadata", {}).get("hints") or []
-    return HintRequest(messages, verdict.feedback, problem.answer, list(hints))
+    return HintRequest(messages, verdict.feedback, problem.answer, list(hints), verdict.first_wrong, verdict.expected)
 
 
 def hint_failed_attempts(teacher: Teacher, guard: LeakGuard, tok: ByteTokenizer,
                          problems: list[Problem], attempts: list[str],
-                         verdicts: list[Verdict], only: list[int] | None = None) -> HintedRows:
+                         verdicts: list[Verdict], only: list[int] | None = None,
+                         episodes: list[tuple[Transcript, list[int]]] | None = None) -> HintedRows:
     """Ask the teacher about every attempt that did not earn full reward (among the rows `only`,
     if given); keep safe hints.
+
+    episodes: each row's (transcript, completion ids) when the rows are multi-message episodes:
+    the teacher then sees every message and picks the target, and the hint goes right before that
+    message (`prompt_ids`, `starts`). Without them a row is one answer to its problem.
 
     A teacher that failed (malformed reply, endpoint down) leaves that attempt without a hint;
     the failure and the raw reply are kept for the run's counts and rollouts.jsonl.
     """
     failed = [i for i in (range(len(verdicts)) if only is None else only) if verdicts[i].reward < 1.0]
-    hints = teacher.write_hints([request_for(problems[i], attempts[i], verdicts[i]) for i in failed])
+    requests = [request_for(problems[i], attempts[i], verdicts[i], episodes[i][0].messages if episodes else None)
+                for i in failed]
+    hints = teacher.write_hints(requests)
     out = HintedRows([], [], [], requested=len(failed))
     for i, hint in zip(failed, hints):
         if hint is not None and hint.reply:
@@ -58,5 +70,11 @@ def hint_failed_attempts(teacher: Teacher, guard: LeakGuard, tok: ByteTokenizer,
             continue
         out.rows.append(i)
         out.hints.append(text)
-        out.prompt_ids.append(tok.render_prompt(problems[i].prompt, text))
+        out.targets.append(hint.target_index)
+        if episodes:
+            context, start = hinted_context(tok, *episodes[i], hint.target_index, text)
+        else:
+            context, start = tok.render_prompt(problems[i].prompt, text), 0
+        out.prompt_ids.append(context)
+        out.starts.append(start)
     return out

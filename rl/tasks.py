@@ -39,6 +39,8 @@ class Problem:
 class Verdict:
     reward: float       # in [0, 1]: 0/1 with task.reward=binary, the verifier's score with partial
     feedback: str       # what the verifier says about the attempt (never the answer itself)
+    first_wrong: int | None = None   # episodes: index of the first message that went wrong (None: none found)
+    expected: str = ""               # what that message should have been (for a rule teacher's eyes only)
 
 
 def render_prompt(entry: dict, render: str) -> str:

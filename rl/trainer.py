@@ -36,6 +36,8 @@ from rl.budget import Budget, Metered
 from rl.config import RunConfig, to_yaml
 from rl import distributed as dist
 from rl.engine import build_engine, call_through
+from rl.environments import build_environment
+from rl.episodes import Episodes
 from rl.evaluate import eval_metrics, evaluate
 from rl.losses import group_advantages, normaliser, sft_loss
 from rl.methods import StepContext, get_method
@@ -62,6 +64,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.tok = ByteTokenizer()
         self.tasks = TaskSource(cfg.task, cfg.seed)
+        self.env = build_environment(cfg.task.environment, self.tasks)
         self.teacher = build_teacher(cfg.teacher)
         self.guard = LeakGuard()
         self.method = get_method(cfg.method.name)(cfg.method)
@@ -161,7 +164,7 @@ class Trainer:
             mine = problems[self.rank::self.world]
             per_bucket[bucket] = dist.sum_over_ranks(evaluate(
                 self.policy, mine, self.tasks, self.teacher, self.tok, self.cfg.rollout.max_new_tokens,
-                teacher_policy=teacher))
+                teacher_policy=teacher, env=self.env, max_turns=self.cfg.rollout.max_turns))
         total = {k: sum(c[k] for c in per_bucket.values()) for k in next(iter(per_bucket.values()))}
         metrics = eval_metrics(total)
         if len(per_bucket) > 1:
@@ -173,9 +176,9 @@ class Trainer:
     def warmstart_step(self) -> dict[str, float]:
         ws, tok = self.cfg.warmstart, self.tok
         problems = self._my_slice(self.tasks.next_batch(ws.batch_size, ws.mix or None))
-        prompts, answers = demonstrations(problems, self.teacher, self.guard, tok, self.rng,
-                                          ws.hint_fraction)
-        answers_NC, mask_NC = right_pad(answers, tok.pad_id, self.policy.device)
+        prompts, answers, masks = demonstrations(problems, self.teacher, self.guard, tok, self.rng,
+                                                 ws.hint_fraction, self.env)
+        answers_NC, mask_NC = right_pad(answers, tok.pad_id, self.policy.device, masks)
         norm = self._normaliser("token", mask_NC, len(prompts))
         self.budget.add_sequences("trained", prompts, mask_NC)
         self.engine.train()
@@ -218,31 +221,37 @@ class Trainer:
         problems = self._my_slice(self.tasks.next_batch(ro.prompts_per_step))
         self.tasks.assert_disjoint(problems)
         group = [p for p in problems for _ in range(ro.attempts_per_prompt)]
-        prompts = [tok.render_prompt(p.prompt) for p in group]
+        # Each row is an episode with the task's environment (one message for `answer`).
+        episodes = Episodes(self.env, tok, group, ro.max_turns, ro.max_new_tokens)
+        prompts = episodes.prompts
         self.rollout.sync()
         self.rollout.module.eval()
         policy = self._metered(self.policy)
-        roll = policy.generate(prompts, self.sampling)
-        attempts = [tok.decode(row.tolist()) for row in roll.completion_ids_NC]
+        roll = policy.generate(prompts, self.sampling, episodes)
+        transcripts = episodes.transcripts(roll.mask_NC)
+        attempts = [t.final_text() for t in transcripts]
         lap("rollout")
 
         # 2. verify, 3. group-relative advantages
-        verdicts = [self.tasks.verify(p, a) for p, a in zip(group, attempts)]
+        verdicts = episodes.verdicts()
         dev = roll.completion_ids_NC.device
         batch = Batch(problems=group, prompt_ids=prompts, completion_ids_NC=roll.completion_ids_NC,
                       mask_NC=roll.mask_NC, old_logprobs_NC=roll.logprobs_NC, routes=roll.routes,
                       attempts=attempts, verdicts=verdicts,
                       rewards_N=torch.tensor([v.reward for v in verdicts], device=dev),
                       group_N=torch.arange(len(problems), device=dev).repeat_interleave(ro.attempts_per_prompt),
-                      source=["rollout"] * len(group))
+                      source=["rollout"] * len(group), transcripts=transcripts)
         batch.advantages_N = group_advantages(batch.rewards_N, batch.group_N, cfg.method.adv_std_norm)
         lap("verify")
 
         # 4. the method's own stages (hints, teacher scores, extra rows)
         ctx = StepContext(policy=policy, teacher_policy=self._metered(self.teacher_weights.policy()),
                           diagnostic=self.policy, teacher=self.teacher, guard=self.guard, tok=tok, tasks=self.tasks,
-                          cfg=cfg, sampling=self.sampling, metered=self._metered, lap=lap)
-        return batch, self.method.extend(batch, ctx)
+                          cfg=cfg, sampling=self.sampling, metered=self._metered, lap=lap, env=self.env)
+        metrics = self.method.extend(batch, ctx)
+        if ro.max_turns > 1:
+            metrics.update(episodes.stats())
+        return batch, metrics
 
     def update(self, batch: Batch) -> dict[str, float]:
         """One optimizer update on the batch: per gradient-accumulation micro-batch, the training
@@ -375,6 +384,7 @@ class Trainer:
     def _log_rollouts(self, batch: Batch) -> None:
         group, attempts, verdicts, hinted = batch.problems, batch.attempts, batch.verdicts, batch.hinted
         hint_of = dict(zip(hinted.rows, hinted.hints)) if hinted else {}
+        target_of = dict(zip(hinted.rows, hinted.targets)) if hinted else {}
         n = self.cfg.trainer.log_rollouts
         # The first n attempts, plus up to n more whose teacher reply was malformed (to read why).
         malformed = [i for i, e in (hinted.errors.items() if hinted else ()) if e == "malformed" and i >= n]
@@ -386,6 +396,11 @@ class Trainer:
                    "reward": verdicts[i].reward, "feedback": verdicts[i].feedback, "hint": hint_of.get(i)}
             if batch.source[i] != "rollout":
                 rec["source"] = batch.source[i]
+            if batch.transcripts is not None and len(batch.transcripts[i].messages) > 2:
+                # a multi-message episode: the whole chat, and which message the hint was about
+                rec["messages"] = batch.transcripts[i].messages
+                if i in target_of:
+                    rec["hint_target"] = target_of[i]
             if hinted and i in hinted.replies:        # model teachers: the raw reply, and any failure
                 rec.update(teacher_reply=hinted.replies[i], hint_error=hinted.errors.get(i))
             elif hinted and i in hinted.errors:

@@ -12,9 +12,10 @@ import string
 
 import torch
 
+from rl.environments import Environment
 from rl.feedback import request_for
 from rl.tasks import Problem, Verdict
-from student.tokenizer import ByteTokenizer
+from student.tokenizer import ByteTokenizer, assistant_text
 from teacher import LeakGuard, Teacher
 
 
@@ -34,23 +35,61 @@ def corrupt(answer: str, rng: random.Random) -> str:
 
 
 def demonstrations(problems: list[Problem], teacher: Teacher, guard: LeakGuard, tok: ByteTokenizer,
-                   rng: random.Random, hint_fraction: float) -> tuple[list[list[int]], list[list[int]]]:
-    """(prompt ids, answer ids) per problem; a `hint_fraction` share carries a hint if one is safe."""
-    chosen = [p for p in problems if rng.random() < hint_fraction]
-    attempts = [corrupt(p.answer, rng) for p in chosen]
-    requests = [request_for(p, a, Verdict(0.0, "incorrect")) for p, a in zip(chosen, attempts)]
-    hint_of = {id(p): guard.filter(h.text if h else None, p.answer)
-               for p, h in zip(chosen, teacher.write_hints(requests))}
-    prompts = [tok.render_prompt(p.prompt, hint_of.get(id(p))) for p in problems]
-    answers = [tok.render_answer(p.answer) for p in problems]
-    return prompts, answers
+                   rng: random.Random, hint_fraction: float, env: Environment | None = None
+                   ) -> tuple[list[list[int]], list[list[int]], list[list[bool]]]:
+    """(prompt ids, completion ids, completion mask) per problem; a `hint_fraction` share carries a
+    hint if one is safe. The demonstration is `env`'s correct episode (default: the answer alone);
+    in a multi-message one, the hint is about one of its assistant messages (an invented near-miss
+    of it) and sits right before that message. The mask marks the assistant messages' tokens:
+    what the environment says, and the hint, are context, never targets."""
+    episodes = [env.demonstration(p) if env is not None else
+                [{"role": "user", "content": p.prompt}, {"role": "assistant", "content": p.answer}] for p in problems]
+    chosen = [i for i in range(len(problems)) if rng.random() < hint_fraction]
+    targets = {}
+    for i in chosen:
+        said = [k for k, m in enumerate(episodes[i]) if m["role"] == "assistant"]
+        # rng.choice draws even from one option: a one-message task keeps the random stream it always had
+        targets[i] = said[0] if len(said) == 1 else rng.choice(said)
+    requests = []
+    for i in chosen:
+        messages, k = episodes[i], targets[i]
+        expected = assistant_text(messages[k])
+        wrong = messages[:k] + [{"role": "assistant", "content": corrupt(expected, rng)}]
+        requests.append(request_for(problems[i], wrong[-1]["content"], Verdict(0.0, "incorrect", k, expected), wrong))
+    hint_of = {i: guard.filter(h.text if h else None, problems[i].answer)
+               for i, h in zip(chosen, teacher.write_hints(requests))}
+    out = ([], [], [])
+    for i, messages in enumerate(episodes):
+        if hint_of.get(i):
+            messages = messages[:targets[i]] + [{"role": "hint", "content": hint_of[i]}] + messages[targets[i]:]
+        for part, rows in zip(split_demonstration(tok, messages), out):
+            rows.append(part)
+    return out
 
 
-def right_pad(rows: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids_NC, mask_NC) for completions given as lists, e.g. demonstration answers."""
+def split_demonstration(tok: ByteTokenizer, messages: list[dict]) -> tuple[list[int], list[int], list[bool]]:
+    """(prompt ids through the first <assistant>, the rest, True on assistant messages' own tokens)."""
+    ids, mask = [tok.bos_id], [False]
+    for m in messages:
+        piece = tok.render_messages([m])[1:]
+        if m["role"] == "assistant":        # <assistant> is context; the message and its <eos> are targets
+            ids += piece
+            mask += [False] + [True] * (len(piece) - 1)
+        else:
+            ids += piece
+            mask += [False] * len(piece)
+    first = mask.index(True)
+    return ids[:first], ids[first:], mask[first:]
+
+
+def right_pad(rows: list[list[int]], pad_id: int, device=None,
+              masks: list[list[bool]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids_NC, mask_NC) for completions given as lists, e.g. demonstrations; `masks` (per row, as
+    long as it) mark the tokens to train, default every token of the row."""
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
     for i, r in enumerate(rows):
         ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-    mask = torch.arange(width)[None, :] < torch.tensor([len(r) for r in rows])[:, None]
+        mask[i, :len(r)] = torch.tensor(masks[i], dtype=torch.bool) if masks is not None else True
     return ids.to(device), mask.to(device)

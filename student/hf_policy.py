@@ -13,7 +13,7 @@ from contextlib import nullcontext
 import torch
 
 from student.lean import positions
-from student.policy import Distribution, ReplayCounting, Rollout, Routes, Sampling, Scores, left_pad, rollout_of
+from student.policy import Decoding, Distribution, ReplayCounting, Rollout, Routes, Sampling, Scores, Turns, left_pad
 from student.router_replay import RouterReplay
 
 
@@ -30,24 +30,20 @@ class HFPolicy(ReplayCounting):
         return self.model.get_input_embeddings().weight.device
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], sampling: Sampling) -> Rollout:
+    def generate(self, prompts: list[list[int]], sampling: Sampling, turns: Turns | None = None) -> Rollout:
         model, dev = self.model, self.device
         ids_NP, mask_NP = left_pad(prompts, self.pad_id, dev)
         n, p = ids_NP.shape
+        decoding = Decoding(n, sampling, turns, dev)
         with self.routers.record() as recording:
             # output_router_logits=False: the load-balancing loss breaks on left-padded cached decoding.
             out = model(input_ids=ids_NP, attention_mask=mask_NP, position_ids=positions(mask_NP),
                         use_cache=True, output_router_logits=False)
             past, attn, pos = out.cache, mask_NP, positions(mask_NP)[:, -1:]
             logits_NV = out.logits[:, -1]
-            tokens, logps = [], []
-            done = torch.zeros(n, dtype=torch.bool, device=dev)
-            for t in range(sampling.max_new_tokens):
-                tok_N, logp_N = self.dist.sample(logits_NV, done, sampling)
-                tokens.append(tok_N)
-                logps.append(logp_N)
-                done = done | (tok_N == sampling.eos_id)
-                if t == sampling.max_new_tokens - 1 or bool(done.all()):
+            for t in range(decoding.steps):
+                tok_N = decoding.choose(*self.dist.sample(logits_NV, decoding.done_N, sampling))
+                if decoding.over(t):
                     break
                 attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=dev)], dim=1)
                 pos = pos + 1
@@ -56,7 +52,7 @@ class HFPolicy(ReplayCounting):
                 past, logits_NV = out.cache, out.logits[:, -1]
         per_row = recording.routes(batch_size=n)          # (N, P + fed tokens, K) per layer
         routes = Routes(torch.arange(n, device=dev), [r[:, :p] for r in per_row], [r[:, p:] for r in per_row])
-        return rollout_of(prompts, tokens, logps, self.pad_id, routes)
+        return decoding.rollout(prompts, routes)
 
     def score(self, prompts, completion_NC, *, temperature=1.0, need="logprobs", k=0, routes=None,
               router_aux=False) -> Scores:

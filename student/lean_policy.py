@@ -16,8 +16,8 @@ import torch
 
 from student.lean import (Collect, LeanForward, NoPast, RouteLog, SharedPrefix, StaticKV, continuation_bias,
                           load_balancing_loss, positions, prompt_bias)
-from student.policy import (Distribution, ReplayCounting, Rollout, Routes, Sampling, Scores, distinct_prompts,
-                            left_pad, rollout_of)
+from student.policy import (Decoding, Distribution, ReplayCounting, Rollout, Routes, Sampling, Scores, Turns,
+                            distinct_prompts, left_pad)
 from student.router_replay import MismatchCounter
 
 
@@ -50,17 +50,19 @@ class LeanPolicy(ReplayCounting):
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], sampling: Sampling) -> Rollout:
+    def generate(self, prompts: list[list[int]], sampling: Sampling, turns: Turns | None = None) -> Rollout:
         with torch.inference_mode(), self.lean.frozen():
-            roll = self._generate(prompts, sampling)
+            roll = self._generate(prompts, sampling, turns)
         return _usable_outside(roll)
 
-    def _generate(self, prompt_ids, sampling: Sampling) -> Rollout:
+    def _generate(self, prompt_ids, sampling: Sampling, turns: Turns | None) -> Rollout:
         lean, dev, dtype = self.lean, self.device, self.dtype
         distinct, of_row = distinct_prompts(prompt_ids, dev)
         ids_UP, mask_UP = left_pad(distinct, self.pad_id, dev)
         u, p = ids_UP.shape
-        n, new = len(prompt_ids), sampling.max_new_tokens
+        n = len(prompt_ids)
+        decoding = Decoding(n, sampling, turns, dev)
+        new = decoding.steps
         log, prefix = RouteLog(lean.num_layers), Collect()
         logits_NV = lean(ids_UP, positions(mask_UP), prompt_bias(mask_UP, dtype), prefix,
                          logits_from=p - 1, log=log)[of_row, -1]
@@ -68,17 +70,12 @@ class LeanPolicy(ReplayCounting):
         mask_NP = mask_UP[of_row]
         pos_N1 = positions(mask_NP)[:, -1:]
         # One bias row per sequence over every key it may ever see: its real prompt tokens, then all
-        # generated ones (tokens after <eos> are padding whose outputs nobody reads).
+        # later ones (tokens after the end are padding whose outputs nobody reads).
         seen = torch.cat([mask_NP.bool(), torch.ones(n, new, dtype=torch.bool, device=dev)], dim=1)
         bias_N11T = torch.zeros(seen.shape, dtype=dtype, device=dev).masked_fill_(~seen, float("-inf"))[:, None, None]
-        tokens, logps = [], []
-        done = torch.zeros(n, dtype=torch.bool, device=dev)
         for t in range(new):
-            tok_N, logp_N = self.dist.sample(logits_NV, done, sampling)
-            tokens.append(tok_N)
-            logps.append(logp_N)
-            done = done | (tok_N == sampling.eos_id)
-            if t == new - 1 or bool(done.all()):
+            tok_N = decoding.choose(*self.dist.sample(logits_NV, decoding.done_N, sampling))
+            if decoding.over(t):
                 break
             pos_N1 = pos_N1 + 1
             logits_NV = lean(tok_N[:, None], pos_N1, bias_N11T[..., :kv.length + 1], kv, logits_from=0,
@@ -86,7 +83,7 @@ class LeanPolicy(ReplayCounting):
         k = lean.top_k
         routes = Routes(of_row, [c[0].view(u, p, k) for c in log.ids],
                         [torch.stack(c[1:], dim=1) if len(c) > 1 else c[0].new_empty(n, 0, k) for c in log.ids])
-        return rollout_of(prompt_ids, tokens, logps, sampling.pad_id, routes)
+        return decoding.rollout(prompt_ids, routes)
 
     # ------------------------------------------------------------------ scoring
     def score(self, prompts, completion_NC, *, temperature=1.0, need="logprobs", k=0, routes=None,

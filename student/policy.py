@@ -93,8 +93,9 @@ class Routes:
 @dataclass
 class Rollout:
     prompt_ids: list[list[int]]
-    completion_ids_NC: torch.Tensor   # long, pad_id after <eos>
-    mask_NC: torch.Tensor             # bool, True on generated tokens up to and including <eos>
+    completion_ids_NC: torch.Tensor   # long, pad_id after <eos> (after the episode's end, with turns)
+    mask_NC: torch.Tensor             # bool, True on sampled tokens up to and including <eos>; False on
+                                      # the replies fed between messages (turns)
     logprobs_NC: torch.Tensor         # log-prob of each sampled token under the sampling distribution
     routes: Routes                    # the experts every routed layer picked
 
@@ -110,11 +111,29 @@ class Scores:
     aux_loss: torch.Tensor | None = None         # router load-balancing loss (router_aux=True)
 
 
+class Turns(Protocol):
+    """Multi-message episodes inside one generation: who speaks after each of a row's messages.
+
+    A row's completion is then the whole episode after its prompt: the policy's messages (each up
+    to `sampling.max_new_tokens`, ending at <eos>) and, between them, the tokens `after_message`
+    returns (an environment's reply rendered in the chat layout, ending with the marker that opens
+    the next message), fed into the row's KV cache, not sampled: `Rollout.mask_NC` is False on
+    them and their log-probs are 0, so no loss ever trains on them."""
+    max_tokens: int           # a row's whole completion, replies included
+
+    def after_message(self, row: int, message: list[int], ended: bool) -> list[int] | None:
+        """Tokens to feed after `row`'s latest message, or None: its episode is over. `ended`:
+        the message ended with <eos> (False: it reached sampling.max_new_tokens)."""
+        ...
+
+
 class Policy(Protocol):
     device: torch.device
     num_routed_layers: int
 
-    def generate(self, prompts: list[list[int]], sampling: Sampling) -> Rollout: ...
+    def generate(self, prompts: list[list[int]], sampling: Sampling, turns: Turns | None = None) -> Rollout:
+        """One sampled completion per prompt; with `turns`, a multi-message episode per row."""
+        ...
 
     def score(self, prompts: list[list[int]], completion_NC: torch.Tensor, *, temperature: float = 1.0,
               need: str = "logprobs", k: int = 0, routes: Routes | None = None,
@@ -142,13 +161,74 @@ class ReplayCounting:
         return rate
 
 
-def rollout_of(prompt_ids, tokens: list[torch.Tensor], logps: list[torch.Tensor], pad_id: int,
-               routes: Routes) -> Rollout:
-    """A Rollout from the per-step sampled tokens and log-probs (pad_id after a row's <eos>)."""
-    completion_NC = torch.stack(tokens, dim=1)
-    mask_NC = completion_NC != pad_id
-    logprobs_NC = torch.stack(logps, dim=1).masked_fill(~mask_NC, 0.0)
-    return Rollout(prompt_ids, completion_NC, mask_NC, logprobs_NC, routes)
+class Decoding:
+    """The per-step bookkeeping of a decode loop, shared by both policies: which rows are done and,
+    with `turns`, which rows are fed an environment's reply instead of sampling.
+
+        for t in range(decoding.steps):
+            tok_N = decoding.choose(*dist.sample(logits_NV, decoding.done_N, sampling))
+            if decoding.over(t): break
+            ...feed tok_N...
+        return decoding.rollout(prompt_ids, routes)
+
+    Without turns this is the one-message loop it always was: a row is done at <eos>, and the mask
+    marks every token up to it. With turns, rows being fed still draw their sample (one uniform
+    each), so the random stream does not depend on which rows are being fed."""
+
+    def __init__(self, n: int, sampling: Sampling, turns: Turns | None, device):
+        self.sampling, self.turns = sampling, turns
+        self.steps = sampling.max_new_tokens if turns is None else turns.max_tokens
+        self.done_N = torch.zeros(n, dtype=torch.bool, device=device)
+        self.tokens: list[torch.Tensor] = []
+        self.logps: list[torch.Tensor] = []
+        self.sampled: list[torch.Tensor] = []       # turns: True where the policy sampled the token
+        self._queue = [[] for _ in range(n)]        # turns: reply tokens still to feed
+        self._message = [[] for _ in range(n)]      # turns: the message being sampled
+        self._done = [False] * n
+
+    def choose(self, tok_N: torch.Tensor, logp_N: torch.Tensor) -> torch.Tensor:
+        """Records and returns this step's tokens: the sampled ones, or a reply's next token."""
+        if self.turns is None:
+            self.done_N = self.done_N | (tok_N == self.sampling.eos_id)
+            self.tokens.append(tok_N)
+            self.logps.append(logp_N)
+            return tok_N
+        fed, sampled = tok_N.tolist(), [False] * len(self._done)
+        for i, tok in enumerate(fed):
+            if self._done[i]:
+                fed[i] = self.sampling.pad_id
+            elif self._queue[i]:
+                fed[i] = self._queue[i].pop(0)
+            else:
+                sampled[i] = True
+                message = self._message[i]
+                message.append(tok)
+                if tok == self.sampling.eos_id or len(message) >= self.sampling.max_new_tokens:
+                    reply = self.turns.after_message(i, list(message), tok == self.sampling.eos_id)
+                    message.clear()
+                    self._queue[i] = list(reply or ())
+                    self._done[i] = not reply
+        dev = tok_N.device
+        sampled_N = torch.tensor(sampled, dtype=torch.bool, device=dev)
+        tok_N = torch.tensor(fed, dtype=tok_N.dtype, device=dev)
+        self.done_N = torch.tensor(self._done, dtype=torch.bool, device=dev)
+        self.tokens.append(tok_N)
+        self.logps.append(logp_N.masked_fill(~sampled_N, 0.0))
+        self.sampled.append(sampled_N)
+        return tok_N
+
+    def over(self, t: int) -> bool:
+        """After step t: nothing left to feed (the last step, or every row done)."""
+        return t == self.steps - 1 or bool(self.done_N.all())
+
+    def rollout(self, prompt_ids, routes: Routes) -> Rollout:
+        completion_NC = torch.stack(self.tokens, dim=1)
+        if self.turns is None:
+            mask_NC = completion_NC != self.sampling.pad_id
+        else:
+            mask_NC = torch.stack(self.sampled, dim=1)
+        logprobs_NC = torch.stack(self.logps, dim=1).masked_fill(~mask_NC, 0.0)
+        return Rollout(prompt_ids, completion_NC, mask_NC, logprobs_NC, routes)
 
 
 def left_pad(rows: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,10 +8,24 @@ warm-start, evaluation) must render through `render_prompt`:
 
 The hint sits right before the target (assistant) message: that is the "local context" the
 hint_distill method conditions on.
+
+Multi-message episodes continue the same layout (`render_messages`, and the exported chat template
+renders the same ids from the same OpenAI-shaped messages):
+
+    <bos> user [<hint> hint] <assistant> message <eos> tool result [<hint> hint] <assistant> message <eos> ...
+
+A later user or tool message is its bytes, right after the previous <eos>. An assistant message
+that calls a tool is written as the call's name followed by its JSON arguments, e.g.
+`calc{"a":12,"op":"+","b":7}` (one call per message), and `assistant_message` reads it back into
+the chat-completions shape (`tool_calls` with the arguments as a JSON string).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+# name{json arguments}; an unclosed `name{...` is a call too (a malformed one, for the tool to refuse)
+TOOL_CALL = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\{.*)", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -53,6 +67,30 @@ class ByteTokenizer:
     def render_answer(self, answer: str) -> list[int]:
         return self.encode(answer) + [self.eos_id]
 
+    def render_messages(self, messages: list[dict], add_generation_prompt: bool = False) -> list[int]:
+        """The chat layout of OpenAI-shaped messages (roles user, tool, hint, assistant; an
+        assistant's `tool_calls` as name + arguments): the ids the exported chat template renders."""
+        ids = [self.bos_id]
+        for m in messages:
+            role = m["role"]
+            if role in ("user", "tool"):
+                ids += self.encode(m["content"])
+            elif role == "hint":
+                ids += [self.hint_id] + self.encode(m["content"])
+            elif role == "assistant":
+                ids += [self.assistant_id] + self.render_answer(assistant_text(m))
+            else:
+                raise ValueError(f"message role {role!r} is not in the chat layout (user, tool, hint, assistant)")
+        return ids + [self.assistant_id] if add_generation_prompt else ids
+
+    def render_reply(self, messages: list[dict], hint: str | None = None) -> list[int]:
+        """What follows an assistant message's <eos> before the next one: the environment's messages
+        and the opening of the next assistant turn (with a hint in its local context)."""
+        ids = [i for m in messages for i in self.render_messages([m])[1:]]
+        if hint:
+            ids += [self.hint_id] + self.encode(hint)
+        return ids + [self.assistant_id]
+
     def to_transformers(self):
         """The same tokenizer as a `PreTrainedTokenizerFast` with the chat layout as its chat
         template, for exported students (transformers, vLLM). Byte b keeps id b: a byte-level BPE
@@ -71,11 +109,34 @@ class ByteTokenizer:
             core.add_special_tokens([f"<{name}>"])
         assert all(core.token_to_id(f"<{n}>") == i for n, i in specials.items())
         # A "hint" message is the local context of the next assistant turn (see module docstring).
+        # A tool call is its name then its JSON arguments (a string, as chat-completions sends it).
         template = ("{{ bos_token }}{% for m in messages %}"
-                    "{% if m['role'] == 'user' %}{{ m['content'] }}"
+                    "{% if m['role'] == 'user' or m['role'] == 'tool' %}{{ m['content'] }}"
                     "{% elif m['role'] == 'hint' %}<hint>{{ m['content'] }}"
-                    "{% elif m['role'] == 'assistant' %}<assistant>{{ m['content'] }}{{ eos_token }}"
+                    "{% elif m['role'] == 'assistant' %}<assistant>"
+                    "{% if m['tool_calls'] is defined and m['tool_calls'] %}{% for c in m['tool_calls'] %}"
+                    "{{ c['function']['name'] }}{{ c['function']['arguments'] }}{% endfor %}"
+                    "{% else %}{{ m['content'] }}{% endif %}{{ eos_token }}"
                     "{% endif %}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
         return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<bos>", eos_token="<eos>",
                                        pad_token="<pad>", chat_template=template,
                                        additional_special_tokens=["<hint>", "<assistant>"])
+
+
+def assistant_text(message: dict) -> str:
+    """An assistant message's text in the chat layout: its content, or its tool calls."""
+    calls = message.get("tool_calls") or []
+    if calls:
+        return "".join(c["function"]["name"] + c["function"]["arguments"] for c in calls)
+    return message.get("content") or ""
+
+
+def assistant_message(text: str, call_id: str = "call_0") -> dict:
+    """The chat-completions message of an assistant text: a tool call when it reads name{...
+    (the arguments are kept as written; whether they are valid JSON is the tool's business)."""
+    match = TOOL_CALL.fullmatch(text)
+    if match is None:
+        return {"role": "assistant", "content": text}
+    return {"role": "assistant", "content": "",
+            "tool_calls": [{"id": call_id, "type": "function",
+                            "function": {"name": match.group(1), "arguments": match.group(2)}}]}

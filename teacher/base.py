@@ -16,10 +16,12 @@ from typing import Callable, Protocol
 
 @dataclass
 class HintRequest:
-    messages: list[dict]          # [{"role": "user"|"assistant", "content": str}, ...]
+    messages: list[dict]          # OpenAI chat messages: user, assistant (maybe with tool_calls), tool
     feedback: str                 # the verifier's words about the attempt
     reference: str | None = None  # reference answer, for the teacher's eyes only
     hints: list[str] = field(default_factory=list)   # the problem's own human-written hints, if its task has them
+    first_wrong: int | None = None   # a per-step verifier's pick: index of the first message that went wrong
+    expected: str = ""            # what that message should have been (teacher's eyes only)
 
 
 @dataclass
@@ -80,6 +82,23 @@ def build_teacher(cfg: TeacherConfig) -> Teacher:
 
         teacher = ShuffledTeacher(teacher)
     return teacher
+
+
+def message_text(message: dict) -> str:
+    """A message's text: its content, or an assistant's tool calls as name + JSON arguments (how
+    the student's chat layout writes a call, student/tokenizer.py)."""
+    calls = message.get("tool_calls") or []
+    if calls:
+        return "".join(c["function"]["name"] + c["function"]["arguments"] for c in calls)
+    return message.get("content") or ""
+
+
+def target_index(req: HintRequest) -> int:
+    """The message a hint should be about: the verifier's first wrong assistant message when it
+    named one, else the last assistant message."""
+    if req.first_wrong is not None and req.messages[req.first_wrong]["role"] == "assistant":
+        return req.first_wrong
+    return last_assistant_index(req.messages)
 
 
 def last_assistant_index(messages: list[dict]) -> int:

@@ -8,7 +8,7 @@ still caps the text (CHAMP's hints run to a sentence or two: raise it for them).
 """
 from __future__ import annotations
 
-from teacher.base import Hint, HintRequest, TeacherConfig, last_assistant_index, register_teacher
+from teacher.base import Hint, HintRequest, TeacherConfig, register_teacher, target_index
 
 
 class DatasetTeacher:
@@ -16,7 +16,7 @@ class DatasetTeacher:
         self.cfg = cfg
 
     def write_hints(self, requests: list[HintRequest]) -> list[Hint | None]:
-        return [Hint(last_assistant_index(req.messages), req.hints[0][: self.cfg.max_hint_chars])
+        return [Hint(target_index(req), req.hints[0][: self.cfg.max_hint_chars])
                 if req.hints and req.hints[0].strip() else None for req in requests]
 
 

@@ -20,7 +20,7 @@ import json
 import re
 from pathlib import Path
 
-from teacher.base import Hint, HintRequest
+from teacher.base import Hint, HintRequest, message_text
 
 DEFAULT_TEMPLATE = Path(__file__).parent / "prompts" / "default.txt"
 PLACEHOLDERS = ("problem", "attempt", "feedback", "reference", "messages", "targets")
@@ -48,10 +48,10 @@ class PromptTemplate:
         """Chat messages for one request."""
         values = {
             "problem": next((m["content"] for m in req.messages if m["role"] == "user"), ""),
-            "attempt": next((m["content"] for m in reversed(req.messages) if m["role"] == "assistant"), ""),
+            "attempt": next((message_text(m) for m in reversed(req.messages) if m["role"] == "assistant"), ""),
             "feedback": req.feedback,
             "reference": req.reference if req.reference is not None else "(not given)",
-            "messages": "\n".join(f"[{i + 1}] {m['role']}: {m['content']}" for i, m in enumerate(req.messages)),
+            "messages": "\n".join(f"[{i + 1}] {m['role']}: {message_text(m)}" for i, m in enumerate(req.messages)),
             "targets": ", ".join(str(i + 1) for i, m in enumerate(req.messages) if m["role"] == "assistant"),
         }
         text = _FIELD.sub(lambda m: values[m.group(1)], self.text)

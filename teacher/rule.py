@@ -1,5 +1,9 @@
 """Rule teacher: a targeted hint from the verifier's reference and the attempt, no model needed.
 
+In a multi-message episode it targets the message a per-step verifier found first wrong
+(`HintRequest.first_wrong`) and compares it with what that message should have been
+(`HintRequest.expected`, e.g. the correct tool call); otherwise the last answer and the reference.
+
 It points at the first place the attempt goes wrong and gives the correct prefix up to and
 including that character ("starts with -4"). A tiny student can copy such a hint into its answer,
 which is what makes the hinted distribution a better teacher; range, sign or "too large" hints
@@ -13,7 +17,7 @@ every character of the reference but the last ("starts with 104" for 1047), what
 """
 from __future__ import annotations
 
-from teacher.base import Hint, HintRequest, TeacherConfig, last_assistant_index, register_teacher
+from teacher.base import Hint, HintRequest, TeacherConfig, message_text, register_teacher, target_index
 
 
 def first_mismatch(attempt: str, reference: str) -> int:
@@ -45,10 +49,12 @@ class RuleTeacher:
     def write_hints(self, requests: list[HintRequest]) -> list[Hint | None]:
         hints: list[Hint | None] = []
         for req in requests:
-            target = last_assistant_index(req.messages)
+            target = target_index(req)
+            # The expected message when a per-step verifier gave one, else the reference answer.
+            reference = req.expected if target == req.first_wrong and req.expected else req.reference
             text = None
-            if req.reference is not None:
-                text = targeted_hint(req.messages[target]["content"], req.reference, self.cfg.reveal)
+            if reference is not None:
+                text = targeted_hint(message_text(req.messages[target]), reference, self.cfg.reveal)
             hints.append(Hint(target, text[: self.cfg.max_hint_chars]) if text else None)
         return hints
 

@@ -8,7 +8,7 @@ hint back.
 """
 from __future__ import annotations
 
-from teacher.base import Hint, HintRequest, Teacher, last_assistant_index
+from teacher.base import Hint, HintRequest, Teacher, target_index
 
 
 def from_other_problem(problems: list[str], texts: list[str | None]) -> list[str | None]:
@@ -28,5 +28,4 @@ class ShuffledTeacher:
         hints = self.inner.write_hints(requests)
         texts = from_other_problem([r.messages[0]["content"] for r in requests],
                                    [h.text if h is not None else None for h in hints])
-        return [None if text is None else Hint(last_assistant_index(r.messages), text)
-                for r, text in zip(requests, texts)]
+        return [None if text is None else Hint(target_index(r), text) for r, text in zip(requests, texts)]

@@ -34,6 +34,7 @@ class StepContext:
     diagnostic      the student without gradient, not counted: forwards that only measure
     teacher         the hint writer (teacher/), with its leak guard
     tok, tasks, cfg the tokenizer, the task source, the run config
+    env             the task's environment (rl/environments/): continues an episode from any message
     sampling        the rollout's sampling settings
     metered(policy) the policy with its work counted in the step's budget (a method's own models)
     lap(name)       closes the timing of the stage just run as time/<name>_s
@@ -49,6 +50,7 @@ class StepContext:
     sampling: object
     metered: Callable[[Policy], Policy]
     lap: Callable[[str], None]
+    env: object = None
 
 
 class Method:

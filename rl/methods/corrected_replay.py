@@ -28,6 +28,7 @@ from typing import ClassVar
 import torch
 
 from rl.batch import Batch
+from rl.episodes import Episodes, Transcript
 from rl.config import MethodConfig
 from rl.feedback import hint_failed_attempts
 from rl.losses import group_advantages, policy_gradient_loss, truncated_is_loss
@@ -71,50 +72,97 @@ class CorrectedReplay(GRPO):
     def extend(self, batch, ctx):
         m = self.cfg
         hinted = hint_failed_attempts(ctx.teacher, ctx.guard, ctx.tok, batch.problems, batch.attempts, batch.verdicts,
-                                      only=candidates(batch, m.when))
+                                      only=candidates(batch, m.when), episodes=batch.episodes())
         batch.hinted = hinted
         ctx.lap("teacher")
         metrics = {"corrected/rows": 0.0}
         if not hinted.rows:
             return metrics
-        source = [r for r in hinted.rows for _ in range(m.corrections_per_attempt)]
-        hinted_prompts = [p for p in hinted.prompt_ids for _ in range(m.corrections_per_attempt)]
-        roll = ctx.policy.generate(hinted_prompts, ctx.sampling)
-        attempts = [ctx.tok.decode(row.tolist()) for row in roll.completion_ids_NC]
+        k = m.corrections_per_attempt
+        picks = [h for h in range(len(hinted.rows)) for _ in range(k)]
+        source = [hinted.rows[h] for h in picks]
+        starts = [hinted.starts[h] for h in picks]
         problems = [batch.problems[r] for r in source]
-        verdicts = [ctx.tasks.verify(p, a) for p, a in zip(problems, attempts)]
+        # The episode continues from the target message with the environment, the hint before it.
+        histories = None
+        if batch.transcripts is not None:
+            histories = [batch.transcripts[r].messages[:hinted.targets[h]] for r, h in zip(source, picks)]
+        episodes = Episodes(ctx.env, ctx.tok, problems, ctx.cfg.rollout.max_turns, ctx.cfg.rollout.max_new_tokens,
+                            histories=histories, prompts=[hinted.prompt_ids[h] for h in picks])
+        roll = ctx.policy.generate(episodes.prompts, ctx.sampling, episodes)
+        verdicts = episodes.verdicts()
+        regenerated = episodes.transcripts(roll.mask_NC)
+        attempts = [t.final_text() for t in regenerated]
         ctx.lap("regenerate")
 
+        # A corrected row: the hint-free prompt, the episode as sampled before the target (not
+        # trained again here: masked, its recorded routes replayed), then the regeneration (free routes).
         dev = batch.completion_ids_NC.device
         index = torch.tensor(source, dtype=torch.long, device=dev)
-        # The hint-free prompt's routes are the rollout's (same distinct prompt); the completion's are free.
-        free = [torch.full_like(c, -1) for c in roll.routes.completion]
+        before = [batch.completion_ids_NC[r, :s] for r, s in zip(source, starts)]
+        completion_NC = self._join(before, roll.completion_ids_NC, ctx.tok.pad_id)
+        mask_NC = self._join([torch.zeros(s, dtype=torch.bool, device=dev) for s in starts], roll.mask_NC, False)
+        logprobs_NC = self._join([torch.zeros(s, device=dev) for s in starts], roll.logprobs_NC, 0.0)
+        width = completion_NC.size(1)
+        replayed = [self._join_routes([c[r, :s] for r, s in zip(source, starts)], torch.full_like(g, -1), width)
+                    for c, g in zip(batch.routes.completion, roll.routes.completion)]
+        transcripts = None
+        if batch.transcripts is not None:
+            transcripts = [Transcript(batch.prompt_ids[r], t.messages,
+                                      [sp for sp in batch.transcripts[r].spans if sp[1] <= s]
+                                      + [(a + s, b + s) for a, b in t.spans], t.truncated)
+                           for r, s, t in zip(source, starts, regenerated)]
         corrected = Batch(problems=problems, prompt_ids=[batch.prompt_ids[r] for r in source],
-                          completion_ids_NC=roll.completion_ids_NC, mask_NC=roll.mask_NC,
-                          old_logprobs_NC=roll.logprobs_NC,
-                          routes=Routes(batch.routes.prompt_of_row_N[index], batch.routes.prompt, free),
+                          completion_ids_NC=completion_NC, mask_NC=mask_NC, old_logprobs_NC=logprobs_NC,
+                          routes=Routes(batch.routes.prompt_of_row_N[index], batch.routes.prompt, replayed),
                           attempts=attempts, verdicts=verdicts,
                           rewards_N=torch.tensor([v.reward for v in verdicts], device=dev),
-                          group_N=batch.group_N[index], source=["corrected"] * len(source))
+                          group_N=batch.group_N[index], source=["corrected"] * len(source), transcripts=transcripts)
         if m.check_routes:
-            metrics["corrected/route_mismatch"] = self._route_mismatch(ctx, corrected, roll.routes)
+            hinted_routes = [self._join_routes([c.new_full((s, c.size(-1)), -1) for s in starts], g, width)
+                             for c, g in zip(batch.routes.completion, roll.routes.completion)]
+            metrics["corrected/route_mismatch"] = self._route_mismatch(ctx, corrected, hinted_routes)
         batch.add_rows(corrected, ctx.tok.pad_id)
         batch.advantages_N = group_advantages(batch.rewards_N, batch.group_N, m.adv_std_norm)
         metrics.update({"corrected/rows": float(len(source)),
                         "corrected/success_rate": sum(v.reward >= 1.0 for v in verdicts) / len(verdicts)})
+        if batch.transcripts is not None and ctx.cfg.rollout.max_turns > 1:
+            metrics["corrected/from_message_mean"] = sum(len(h) for h in histories) / len(histories)
         return metrics
 
     @staticmethod
-    def _route_mismatch(ctx, corrected: Batch, hinted_routes: Routes) -> float:
+    def _join(before: list[torch.Tensor], after_NW: torch.Tensor, fill) -> torch.Tensor:
+        """Per row: `before[i]` then `after_NW[i]`, right-padded with `fill` to the longest."""
+        width = max(len(b) for b in before) + after_NW.size(1)
+        out = after_NW.new_full((len(before), width), fill)
+        for i, b in enumerate(before):
+            out[i, :len(b)] = b
+            out[i, len(b):len(b) + after_NW.size(1)] = after_NW[i]
+        return out
+
+    @staticmethod
+    def _join_routes(before: list[torch.Tensor], after_NSK: torch.Tensor, width: int) -> torch.Tensor:
+        """Per row: the routes of `before[i]` (fed tokens before the regeneration), then the
+        regeneration's; (N, width - 1, K) for a completion `width` wide (the last token is not fed)."""
+        out = after_NSK.new_full((len(before), width - 1, after_NSK.size(-1)), -1)
+        for i, b in enumerate(before):
+            n = min(after_NSK.size(1), width - 1 - len(b))
+            out[i, :len(b)] = b
+            out[i, len(b):len(b) + n] = after_NSK[i, :n]
+        return out
+
+    @staticmethod
+    def _route_mismatch(ctx, corrected: Batch, hinted_completion_routes: list[torch.Tensor]) -> float:
         """Share of the corrected completions' routing slots where the hint-free router picks an
-        expert the hinted generation did not: their hinted routes replayed, the prompts left free."""
-        distinct, of_row = distinct_prompts(corrected.prompt_ids, hinted_routes.prompt_of_row_N.device)
-        width, k = max(len(p) for p in distinct), hinted_routes.completion[0].size(-1)
-        free = [c.new_full((len(distinct), width, k), -1) for c in hinted_routes.completion]
+        expert the hinted generation did not: their hinted routes replayed, the prompts (and the
+        episode before the target) left free."""
+        distinct, of_row = distinct_prompts(corrected.prompt_ids, hinted_completion_routes[0].device)
+        width, k = max(len(p) for p in distinct), hinted_completion_routes[0].size(-1)
+        free = [c.new_full((len(distinct), width, k), -1) for c in hinted_completion_routes]
         ctx.diagnostic.take_replay_mismatch()
         with torch.no_grad():
             ctx.diagnostic.score(corrected.prompt_ids, corrected.completion_ids_NC,
-                                 routes=Routes(of_row, free, hinted_routes.completion))
+                                 routes=Routes(of_row, free, hinted_completion_routes))
         return ctx.diagnostic.take_replay_mismatch()
 
     def loss(self, micro, scores, norm):

@@ -97,6 +97,8 @@ def distill_term(cfg: DistillConfig, micro, scores, target: RowTargets | None, n
         return None, {}
     h, teacher = target.rows, target.scores
     mask_HC = micro.mask_NC[h]
+    if target.mask_HC is not None:
+        mask_HC = mask_HC & target.mask_HC
     if cfg.distill_span == "first_divergence":
         mask_HC = span_to_first_divergence(teacher.argmax_NC, micro.completion_ids_NC[h], mask_HC)
     if cfg.distill_estimator == "full":

@@ -1,0 +1,52 @@
+"""The environment protocol and its registry (see rl/environments/__init__.py).
+
+An environment is a pure function of the episode so far: `respond` and `verify` read the problem
+and the messages, nothing else. So an episode can be continued from any of its messages (corrected
+replay regenerates from the target message on) and a resumed run replays exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from rl.tasks import Problem, TaskSource, Verdict
+
+
+@dataclass
+class Response:
+    messages: list[dict]               # the environment's messages (role "tool" or "user")
+    malformed: bool = False            # the assistant's tool call could not be run (answered with an error)
+
+
+class Environment(Protocol):
+    max_reply_tokens: int              # longest rendered reply between two assistant messages
+
+    def start(self, problem: Problem) -> list[dict]: ...
+
+    def respond(self, problem: Problem, messages: list[dict]) -> Response | None: ...
+
+    def verify(self, problem: Problem, messages: list[dict]) -> Verdict: ...
+
+    def demonstration(self, problem: Problem) -> list[dict]: ...
+
+
+ENVIRONMENTS: dict[str, Callable[[TaskSource], Environment]] = {}
+
+
+def register_environment(name: str):
+    def deco(factory):
+        ENVIRONMENTS[name] = factory
+        return factory
+    return deco
+
+
+def build_environment(name: str, tasks: TaskSource) -> Environment:
+    if name not in ENVIRONMENTS:
+        raise ValueError(f"task.environment={name!r} is unknown; choose one of {sorted(ENVIRONMENTS)}")
+    return ENVIRONMENTS[name](tasks)
+
+
+def assistant_messages(messages: list[dict]) -> list[int]:
+    """Indices of the assistant messages."""
+    return [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+

@@ -1,0 +1,136 @@
+"""The calculator environment: multi-term arithmetic with a `calc(a, op, b)` tool.
+
+Problems are reasoning-gym `chain_sum` expressions (e.g. `15 - 43 - 75`, `task.render: expression`;
+`num_terms` and `num_digits` are the difficulty knobs). The policy may call
+
+    calc{"a": 15, "op": "-", "b": 43}      ->  tool: -28
+
+as often as it likes (up to `rollout.max_turns` messages) and ends the episode with a message that
+is not a tool call: its final answer. Reward 1 when that answer is the expression's value.
+
+The per-step verifier follows the canonical derivation, left to right: message k should be
+`calc{"a":<value so far>,"op":<k-th operator>,"b":<next term>}` and, after the last term, the
+value itself. The first assistant message that departs from it is the episode's `first_wrong`,
+and the canonical message is `expected`, so a rule teacher can target the message that went wrong
+(an episode that reaches the right answer by another order of calls is correct; only its steps
+are not checked). A call that cannot run (unknown tool, arguments that are not a JSON object with
+integer `a`, `b` and `op` in + - *) is answered with a tool error and the episode goes on; it is
+counted as malformed.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from rl.environments.base import Response, assistant_messages, register_environment
+from rl.tasks import Problem, TaskSource, Verdict
+from student.tokenizer import assistant_text
+
+TOOL = "calc"
+OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+TERM = re.compile(r"\s*([+\-*])?\s*(-?\d+)")
+
+
+def terms(expression: str) -> tuple[int, list[tuple[str, int]]]:
+    """(first term, [(operator, term), ...]) of a chain like `15 - 43 + 7`."""
+    parts = [(op, int(n)) for op, n in TERM.findall(expression.strip().rstrip("="))]
+    if not parts or parts[0][0] or any(not op for op, _ in parts[1:]):
+        raise ValueError(f"calculator: {expression!r} is not a chain of integers and + - * operators")
+    return parts[0][1], parts[1:]
+
+
+def call_text(a: int, op: str, b: int) -> str:
+    """The canonical tool-call message: compact JSON, the form the demonstrations use."""
+    return TOOL + json.dumps({"a": a, "op": op, "b": b}, separators=(",", ":"))
+
+
+def canonical(expression: str) -> list[str]:
+    """The assistant messages of the canonical derivation: one call per operator, then the value."""
+    value, rest = terms(expression)
+    steps = []
+    for op, b in rest:
+        steps.append(call_text(value, op, b))
+        value = OPS[op](value, b)
+    return steps + [str(value)]
+
+
+def parse_call(message: dict) -> tuple[int, str, int] | str:
+    """(a, op, b) of an assistant tool call, or the error the tool answers with."""
+    call = message["tool_calls"][0]["function"]
+    if call["name"] != TOOL:
+        return f"error: unknown tool {call['name'][:20]!r}; the tool is {TOOL}"
+    try:
+        args = json.loads(call["arguments"])
+    except ValueError:
+        return "error: arguments are not JSON"
+    if not isinstance(args, dict) or set(args) != {"a", "op", "b"} or args["op"] not in OPS \
+            or not all(isinstance(args[k], int) and not isinstance(args[k], bool) for k in ("a", "b")):
+        return 'error: need {"a": int, "op": "+"|"-"|"*", "b": int}'
+    return args["a"], args["op"], args["b"]
+
+
+class CalculatorEnvironment:
+    max_reply_tokens = 56          # the longest tool message (an error) plus the next <assistant>
+
+    def __init__(self, tasks: TaskSource):
+        self.tasks = tasks
+
+    def start(self, problem: Problem) -> list[dict]:
+        return [{"role": "user", "content": problem.prompt}]
+
+    def respond(self, problem: Problem, messages: list[dict]) -> Response | None:
+        last = messages[-1]
+        if not last.get("tool_calls"):
+            return None                               # a final answer ends the episode
+        parsed = parse_call(last)
+        call_id = last["tool_calls"][0]["id"]
+        if isinstance(parsed, str):
+            return Response([{"role": "tool", "tool_call_id": call_id, "content": parsed}], malformed=True)
+        a, op, b = parsed
+        return Response([{"role": "tool", "tool_call_id": call_id, "content": str(OPS[op](a, b))}])
+
+    def verify(self, problem: Problem, messages: list[dict]) -> Verdict:
+        steps = canonical(problem.prompt)
+        said = assistant_messages(messages)
+        last = messages[said[-1]] if said else None
+        final = None if last is None or last.get("tool_calls") else assistant_text(last).strip()
+        reward = float(final is not None and final == steps[-1])
+        first_wrong, expected = None, ""
+        if not reward:
+            for k, index in enumerate(said):
+                want = steps[min(k, len(steps) - 1)]
+                if not self._same(messages[index], want):
+                    first_wrong, expected = index, want
+                    break
+        if reward:
+            feedback = "correct"
+        elif final is None:
+            feedback = "incorrect: the episode ended without a final answer"
+        else:
+            feedback = f"incorrect: the final answer {final!r} is wrong"
+        if first_wrong is not None and not reward:
+            feedback += f"; the first wrong step is message [{first_wrong + 1}]"
+        return Verdict(reward, feedback, first_wrong, expected)
+
+    @staticmethod
+    def _same(message: dict, want: str) -> bool:
+        """A message says what the canonical step says (a call by its values, an answer by its text)."""
+        if message.get("tool_calls"):
+            parsed = parse_call(message)
+            return not isinstance(parsed, str) and call_text(*parsed) == want
+        return assistant_text(message).strip() == want
+
+    def demonstration(self, problem: Problem) -> list[dict]:
+        messages = self.start(problem)
+        value, rest = terms(problem.prompt)
+        for k, (op, b) in enumerate(rest):
+            call_id = f"call_{k}"
+            messages.append({"role": "assistant", "content": "", "tool_calls": [
+                {"id": call_id, "type": "function",
+                 "function": {"name": TOOL, "arguments": call_text(value, op, b)[len(TOOL):]}}]})
+            value = OPS[op](value, b)
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": str(value)})
+        return messages + [{"role": "assistant", "content": str(value)}]
+
+
+register_environment("calculator")(CalculatorEnvironment)
