@@ -173,3 +173,28 @@ def expert_load(run: Run, step: int | None = None) -> pd.DataFrame | None:
     table = pd.Series({keys[c]: row[c] for c in keys}).unstack()
     table.index.name, table.columns.name = "layer", "expert"
     return table
+
+
+def _message_text(message: dict) -> str:
+    calls = message.get("tool_calls") or []
+    if calls:
+        return "".join(c["function"]["name"] + c["function"]["arguments"] for c in calls)
+    return message.get("content") or ""
+
+
+def transcript_html(record: dict) -> str:
+    """One logged episode (a rollouts.jsonl record with `messages`) as a chat transcript: a line per
+    message, numbered as the teacher saw them, the hint right before the message it targets
+    (`hint_target`) and that message highlighted."""
+    from html import escape
+
+    target = record.get("hint_target")
+    lines = []
+    for i, m in enumerate(record.get("messages") or []):
+        if i == target and record.get("hint"):
+            lines.append(f'<div style="color:#8a5a00">&nbsp;&nbsp;&nbsp;&nbsp;hint: {escape(record["hint"])}</div>')
+        style = "background:#ffe9a8;font-weight:bold" if i == target else ""
+        lines.append(f'<div style="{style}">[{i + 1}] <b>{escape(m["role"])}</b>: '
+                     f'<code>{escape(_message_text(m))}</code></div>')
+    head = f'<div><i>reward {record.get("reward")}, {escape(str(record.get("feedback", "")))}</i></div>'
+    return '<div style="font-family:monospace;margin-bottom:1em">' + head + "".join(lines) + "</div>"

@@ -31,6 +31,9 @@ from pathlib import Path
 
 import torch
 
+from rl.environments import Environment, build_environment
+from rl.environments.answer import AnswerEnvironment
+from rl.episodes import Episodes
 from rl.feedback import hint_failed_attempts
 from rl.methods.self_distill import teacher_context
 from rl.tasks import Problem, TaskSource
@@ -43,11 +46,18 @@ KINDS = ("rule", "feedback", "sibling", "shuffled")
 
 @torch.no_grad()
 def measure(policy: Policy, problems: list[Problem], tasks: TaskSource, teacher: Teacher, tok: ByteTokenizer,
-            sampling: Sampling, attempts: int, kinds=KINDS) -> dict[str, dict[str, float]]:
+            sampling: Sampling, attempts: int, kinds=KINDS, env: Environment | None = None,
+            max_turns: int = 1) -> dict[str, dict[str, float]]:
+    """With a multi-message `env`, an attempt is an episode; a rule (or shuffled) hint's retry
+    continues it from the hint's target message, the other contexts' retries start it again."""
+    env = AnswerEnvironment(tasks) if env is None else env
     group = [p for p in problems for _ in range(attempts)]
-    out = policy.generate([tok.render_prompt(p.prompt) for p in group], sampling)
-    texts = [tok.decode(row.tolist()) for row in out.completion_ids_NC]
-    verdicts = [tasks.verify(p, a) for p, a in zip(group, texts)]
+    plain = Episodes(env, tok, group, max_turns, sampling.max_new_tokens)
+    out = policy.generate(plain.prompts, sampling, plain)
+    transcripts = plain.transcripts(out.mask_NC)
+    texts = [t.final_text() for t in transcripts]
+    verdicts = plain.verdicts()
+    episodes = list(zip(transcripts, out.completion_ids_NC.tolist()))
     ok_PG = torch.tensor([v.reward >= 1.0 for v in verdicts]).view(len(problems), attempts)
     all_fail_P = ~ok_PG.any(1)
     result = {"plain": {"accuracy": ok_PG.float().mean().item(), "pass@G": ok_PG.any(1).float().mean().item(),
@@ -57,18 +67,21 @@ def measure(policy: Policy, problems: list[Problem], tasks: TaskSource, teacher:
     for kind in kinds:
         if kind in ("rule", "shuffled"):
             hinted = hint_failed_attempts(ShuffledTeacher(teacher) if kind == "shuffled" else teacher, LeakGuard(),
-                                          tok, group, texts, verdicts)
+                                          tok, group, texts, verdicts, episodes=episodes)
             rows, prompts = hinted.rows, hinted.prompt_ids
+            histories = [transcripts[i].messages[:target] for i, target in zip(rows, hinted.targets)]
         else:
             context = {"feedback": "feedback", "sibling": "solution"}[kind]
             texts_of = {i: teacher_context(i, texts, verdicts, siblings[i], context) for i in failed}
             rows = [i for i in failed if texts_of[i] is not None]
             prompts = [tok.render_prompt(group[i].prompt, texts_of[i]) for i in rows]
+            histories = [env.start(group[i]) for i in rows]
         fixed = ok_PG.clone().flatten()
         if rows:
-            retry = policy.generate(prompts, sampling).completion_ids_NC
-            for i, row in zip(rows, retry):
-                fixed[i] = tasks.verify(group[i], tok.decode(row.tolist())).reward >= 1.0
+            retry = Episodes(env, tok, [group[i] for i in rows], max_turns, sampling.max_new_tokens, histories, prompts)
+            policy.generate(retry.prompts, sampling, retry)
+            for i, verdict in zip(rows, retry.verdicts()):
+                fixed[i] = verdict.reward >= 1.0
         fixed_PG = fixed.view_as(ok_PG)
         accuracy = fixed_PG.float().mean().item()
         result[kind] = {"accuracy": accuracy, "gap": accuracy - result["plain"]["accuracy"],
@@ -97,8 +110,10 @@ def teacher_gap(run_dir: str | Path, step: int | None = None, attempts: int = 8,
     sampling = Sampling(max_new_tokens=cfg.rollout.max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id,
                         temperature=cfg.rollout.temperature)
     teacher = build_teacher(cfg.teacher)
+    env = build_environment(cfg.task.environment, tasks)
     torch.manual_seed(seed)
-    return {bucket: measure(policy, problems, tasks, teacher, tok, sampling, attempts, kinds)
+    return {bucket: measure(policy, problems, tasks, teacher, tok, sampling, attempts, kinds, env,
+                            cfg.rollout.max_turns)
             for bucket, problems in tasks.eval_by_bucket.items()}
 
 

@@ -232,3 +232,71 @@ def test_demonstrations_train_the_assistant_messages_only(calculator):
         assert TOK.decode([t for t in trained if t != TOK.eos_id]) == "".join(steps)
         assert trained.count(TOK.eos_id) == len(steps)
         assert TOK.hint_id in prompt + said and TOK.assistant_id not in trained
+
+
+# ---------------------------------------------------------------------- the loss covers the target message
+@pytest.mark.parametrize("scope", ["message", "trajectory"])
+def test_hint_distill_scores_and_covers_the_target_message_only(calculator, scope):
+    """message: the teacher context is the episode before the target with the hint right before it,
+    and the divergence covers the target message's tokens; trajectory: the hint before the first
+    message, every message the policy wrote."""
+    from rl.batch import Batch
+    from rl.methods import StepContext
+    from rl.methods.hint_distill import HintDistill, HintDistillConfig
+    from rl.tasks import Verdict
+
+    p = problem()
+    first, _, _ = canonical(p.prompt)
+    episodes, completion, mask = _episode(calculator, p, [first, 'calc{"a":-28,"op":"+","b":8}', "-20"])
+    transcript = episodes.transcripts(torch.tensor([mask]))[0]
+    verdict = episodes.verdicts()[0]
+    comp = torch.tensor([completion])
+    batch = Batch(problems=[p], prompt_ids=[transcript.prompt_ids], completion_ids_NC=comp,
+                  mask_NC=torch.tensor([mask]), old_logprobs_NC=torch.zeros(comp.shape), routes=None,
+                  attempts=[transcript.final_text()], verdicts=[verdict], rewards_N=torch.zeros(1),
+                  group_N=torch.zeros(1, dtype=torch.long), source=["rollout"], transcripts=[transcript])
+    policy = LeanPolicy(tiny_model(), pad_id=TOK.pad_id, banned_ids=TOK.never_sampled)
+    ctx = StepContext(policy=policy, teacher_policy=policy, diagnostic=policy, teacher=build_teacher(TeacherConfig()),
+                      guard=LeakGuard(), tok=TOK, tasks=None, cfg=type("C", (), {"rollout": type("R", (), {"temperature": 1.0})}),
+                      sampling=None, metered=lambda x: x, lap=lambda name: None, env=calculator)
+    method = HintDistill(HintDistillConfig(hint_scope=scope, distill_estimator="sampled", distill_span="all"))
+    method.extend(batch, ctx)
+    target = batch.targets["hinted"]
+    assert batch.hinted.targets == [3]
+    covered = target.mask_HC[0] & batch.mask_NC[0]
+    s, e = transcript.span_of(3)
+    if scope == "message":
+        assert covered.nonzero().flatten().tolist() == list(range(s, e))
+        context = hinted_context(TOK, transcript, completion, 3, batch.hinted.hints[0])[0]
+        direct = policy.score([context], comp[:, s:e]).logprobs_NC[0]
+        torch.testing.assert_close(target.scores.logprobs_NC[0, s:e], direct)
+    else:
+        assert torch.equal(covered, batch.mask_NC[0])
+        direct = policy.score([TOK.render_prompt(p.prompt, batch.hinted.hints[0])], comp).logprobs_NC[0]
+        torch.testing.assert_close(target.scores.logprobs_NC[0], direct)
+
+
+def test_a_logged_episode_reads_as_a_transcript_with_its_target_highlighted(calculator):
+    from rl.analysis import transcript_html
+
+    p = problem()
+    first, _, _ = canonical(p.prompt)
+    episodes, _, _ = _episode(calculator, p, [first, 'calc{"a":-28,"op":"+","b":8}', "-20"])
+    html = transcript_html({"messages": episodes.messages[0], "hint": 'starts with calc{"a":-28,"op":"+","b":7',
+                            "hint_target": 3, "reward": 0.0, "feedback": "incorrect"})
+    lines = html.split("</div>")
+    at = next(i for i, line in enumerate(lines) if "hint: starts with" in line)
+    assert "[4] <b>assistant</b>" in lines[at + 1] and "background" in lines[at + 1]
+    assert sum("background" in line for line in lines) == 1 and "[3] <b>tool</b>" in lines[at - 1]
+
+
+def test_every_tool_reply_fits_the_environment_s_reply_budget(calculator):
+    """The KV capacity counts on max_reply_tokens: no call, however odd, may get a longer reply."""
+    p = problem()
+    odd = ['x' * 30 + '{"a":1,"op":"+","b":2}', 'calc{"a":999999999,"op":"*","b":-999999999}',
+           'calc{"a":10000000000,"op":"*","b":2}', 'calc{"a":true,"op":"+","b":1}', 'calc{' + '9' * 200,
+           'calc{"a":1,"op":"+","b":2,"c":3}']
+    for text in odd:
+        episodes = Episodes(calculator, TOK, [p], max_turns=3, max_new_tokens=300)
+        reply = episodes.after_message(0, TOK.render_answer(text), ended=True)
+        assert reply is not None and len(reply) <= calculator.max_reply_tokens, text

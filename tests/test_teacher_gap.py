@@ -41,8 +41,10 @@ class ScriptedPolicy:
             return self.answers[text]
         return "0"
 
-    def generate(self, prompts, sampling):
+    def generate(self, prompts, sampling, turns=None):
         rows = [self.tok.render_answer(self._answer(i, p)) for i, p in enumerate(prompts)]
+        for i, row in enumerate(rows if turns is not None else []):
+            assert turns.after_message(i, row, ended=True) is None     # one-message episodes
         width = max(map(len, rows))
         ids = torch.full((len(rows), width), self.tok.pad_id)
         for i, r in enumerate(rows):

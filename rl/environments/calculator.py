@@ -27,6 +27,7 @@ from rl.tasks import Problem, TaskSource, Verdict
 from student.tokenizer import assistant_text
 
 TOOL = "calc"
+LIMIT = 10 ** 9                 # operands the tool takes: a product stays a short reply
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 TERM = re.compile(r"\s*([+\-*])?\s*(-?\d+)")
 
@@ -58,7 +59,7 @@ def parse_call(message: dict) -> tuple[int, str, int] | str:
     """(a, op, b) of an assistant tool call, or the error the tool answers with."""
     call = message["tool_calls"][0]["function"]
     if call["name"] != TOOL:
-        return f"error: unknown tool {call['name'][:20]!r}; the tool is {TOOL}"
+        return f"error: unknown tool; the tool is {TOOL}"
     try:
         args = json.loads(call["arguments"])
     except ValueError:
@@ -66,11 +67,13 @@ def parse_call(message: dict) -> tuple[int, str, int] | str:
     if not isinstance(args, dict) or set(args) != {"a", "op", "b"} or args["op"] not in OPS \
             or not all(isinstance(args[k], int) and not isinstance(args[k], bool) for k in ("a", "b")):
         return 'error: need {"a": int, "op": "+"|"-"|"*", "b": int}'
+    if max(abs(args["a"]), abs(args["b"])) >= LIMIT:
+        return f"error: numbers must be below {LIMIT:.0e}"
     return args["a"], args["op"], args["b"]
 
 
 class CalculatorEnvironment:
-    max_reply_tokens = 56          # the longest tool message (an error) plus the next <assistant>
+    max_reply_tokens = 56          # the longest tool message (an error, or a 19-digit product) and <assistant>
 
     def __init__(self, tasks: TaskSource):
         self.tasks = tasks
