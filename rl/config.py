@@ -37,7 +37,8 @@ class TaskConfig:
     path: str = ""                           # source=jsonl: the problem file, relative to the experiment folder
     match: str = "math"                      # source=jsonl: "math" (math-verify) or "exact" text
     environment: str = "answer"              # what answers between messages (rl/environments/): "answer" = one
-                                             # message, the task's verifier; "calculator" = a calc tool (chain_sum)
+                                             # message, the task's verifier; "calculator" = a calc tool, "chain" = a
+                                             # partial result per message (both chain_sum, rl/environments/)
 
 
 @dataclass
@@ -221,8 +222,9 @@ def validate(cfg: RunConfig) -> None:
     _choice(cfg.task.render, {"question", "expression"}, "task.render")
     _choice(cfg.task.reward, {"binary", "partial"}, "task.reward")
     _choice(cfg.task.environment, ENVIRONMENTS, "task.environment")
-    if cfg.task.environment == "calculator" and (cfg.task.name != "chain_sum" or cfg.task.render != "expression"):
-        raise ConfigError("task.environment=calculator reads reasoning-gym chain_sum expressions: set "
+    if cfg.task.environment in ("calculator", "chain") and (cfg.task.name != "chain_sum"
+                                                            or cfg.task.render != "expression"):
+        raise ConfigError(f"task.environment={cfg.task.environment} reads reasoning-gym chain_sum expressions: set "
                           f"task.name=chain_sum and task.render=expression (not {cfg.task.name}, {cfg.task.render})")
     _choice(cfg.method.name, METHODS, "method.name")
     for key, valid in type(cfg.method).CHOICES.items():

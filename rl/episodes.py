@@ -78,7 +78,7 @@ class Episodes:
         self.messages = [list(h) for h in histories] if histories else [env.start(p) for p in problems]
         self.prompts = prompts or [tok.render_messages(m, add_generation_prompt=True) for m in self.messages]
         self.max_turns = max_turns
-        left = max(1, max_turns - min(self.turns_taken(i) for i in range(len(problems))))
+        left = max(1, max_turns - min((self.turns_taken(i) for i in range(len(problems))), default=0))
         self.max_tokens = left * max_new_tokens + (left - 1) * env.max_reply_tokens
         self.truncated = [False] * len(problems)
         self.malformed = 0                       # tool calls the environment could not run

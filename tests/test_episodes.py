@@ -300,3 +300,25 @@ def test_every_tool_reply_fits_the_environment_s_reply_budget(calculator):
         episodes = Episodes(calculator, TOK, [p], max_turns=3, max_new_tokens=300)
         reply = episodes.after_message(0, TOK.render_answer(text), ended=True)
         assert reply is not None and len(reply) <= calculator.max_reply_tokens, text
+
+
+# ---------------------------------------------------------------------- the step-by-step chain
+def test_the_chain_environment_checks_every_partial_result(calculator):
+    chain = build_environment("chain", calculator.tasks)
+    p = problem("15 - 43 + 7 - 2")
+    good = chain.demonstration(p)
+    assert [m.get("content") for m in good] == ["15 - 43 + 7 - 2", "-28", "next", "-21", "next", "-23"]
+    assert chain.verify(p, good).reward == 1.0
+    bad = good[:3] + [{"role": "assistant", "content": "-20"}, good[4], {"role": "assistant", "content": "-22"}]
+    verdict = chain.verify(p, bad)
+    assert (verdict.reward, verdict.first_wrong, verdict.expected) == (0.0, 3, "-21")
+    # one partial per message, through the protocol: the user says next until every operator is done
+    episodes = Episodes(chain, TOK, [p], max_turns=5, max_new_tokens=8)
+    replies = [episodes.after_message(0, TOK.render_answer(v), ended=True) for v in ["-28", "-21", "-23"]]
+    assert replies[0] == replies[1] == TOK.encode("next") + [TOK.assistant_id] and replies[2] is None
+    assert episodes.messages[0] == good and episodes.verdicts()[0].reward == 1.0
+    # an episode cut short is wrong at the first missing step
+    short = Episodes(chain, TOK, [p], max_turns=2, max_new_tokens=8)
+    short.after_message(0, TOK.render_answer("-28"), ended=True)
+    assert short.after_message(0, TOK.render_answer("-21"), ended=True) is None and short.truncated[0]
+    assert "2 of 3 steps" in short.verdicts()[0].feedback

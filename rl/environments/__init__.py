@@ -6,10 +6,11 @@
     env.demonstration(problem)     -> a correct episode (warm-start)
 
 `answer` (the default) is today's one-message task: the user's problem, one assistant answer,
-the task's verifier. `calculator` gives the policy a `calc` tool over multi-term arithmetic.
+the task's verifier. `calculator` gives the policy a `calc` tool over multi-term arithmetic;
+`chain` asks for one partial result per message and checks each.
 Messages are OpenAI chat-completions dicts (student/tokenizer.py renders them).
 """
 from rl.environments.base import ENVIRONMENTS, Environment, Response, build_environment
-from rl.environments import answer as _answer, calculator as _calculator  # noqa: F401  (register)
+from rl.environments import answer as _answer, calculator as _calculator, chain as _chain  # noqa: F401  (register)
 
 __all__ = ["ENVIRONMENTS", "Environment", "Response", "build_environment"]
