@@ -175,7 +175,20 @@ def expert_load(run: Run, step: int | None = None) -> pd.DataFrame | None:
     return table
 
 
+def corrected_successes(run_dir, bucket_of) -> dict[str, tuple[int, int]]:
+    """{bucket: (successes, sampled)} over the corrected rows a run logged (rollouts.jsonl rows
+    with `source` = "corrected"); `bucket_of(prompt)` names a row's difficulty bucket."""
+    counts: dict[str, list[int]] = {}
+    for row in _read_jsonl(Path(run_dir) / "rollouts.jsonl"):
+        if row.get("source") == "corrected":
+            c = counts.setdefault(bucket_of(row["prompt"]), [0, 0])
+            c[0] += row["reward"] == 1.0
+            c[1] += 1
+    return {b: (s, n) for b, (s, n) in counts.items()}
+
+
 def _message_text(message: dict) -> str:
+    # student/tokenizer.py::assistant_text, restated: this module stays free of torch (student imports it)
     calls = message.get("tool_calls") or []
     if calls:
         return "".join(c["function"]["name"] + c["function"]["arguments"] for c in calls)

@@ -222,10 +222,10 @@ def validate(cfg: RunConfig) -> None:
     _choice(cfg.task.render, {"question", "expression"}, "task.render")
     _choice(cfg.task.reward, {"binary", "partial"}, "task.reward")
     _choice(cfg.task.environment, ENVIRONMENTS, "task.environment")
-    if cfg.task.environment in ("calculator", "chain") and (cfg.task.name != "chain_sum"
-                                                            or cfg.task.render != "expression"):
-        raise ConfigError(f"task.environment={cfg.task.environment} reads reasoning-gym chain_sum expressions: set "
-                          f"task.name=chain_sum and task.render=expression (not {cfg.task.name}, {cfg.task.render})")
+    needs = ENVIRONMENTS[cfg.task.environment].reads_task
+    if needs is not None and (cfg.task.name, cfg.task.render) != needs:
+        raise ConfigError(f"task.environment={cfg.task.environment} reads task.name={needs[0]} with "
+                          f"task.render={needs[1]} (not {cfg.task.name}, {cfg.task.render})")
     _choice(cfg.method.name, METHODS, "method.name")
     for key, valid in type(cfg.method).CHOICES.items():
         _choice(getattr(cfg.method, key), set(valid), f"method.{key}")

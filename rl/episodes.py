@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from rl.environments import Environment
+from rl.environments.base import assistant_messages
 from rl.tasks import Problem, Verdict
 from student.tokenizer import ByteTokenizer, assistant_message, assistant_text
 
@@ -26,11 +27,10 @@ class Transcript:
     prompt_ids: list[int]             # the first user message, rendered up to the first <assistant>
     messages: list[dict]              # the whole episode, OpenAI-shaped
     spans: list[tuple[int, int]]      # each assistant message's [start, end) in the completion, <eos> included
-    truncated: bool = False
 
     @property
     def assistant_indices(self) -> list[int]:
-        return [i for i, m in enumerate(self.messages) if m["role"] == "assistant"]
+        return assistant_messages(self.messages)
 
     def span_of(self, message_index: int) -> tuple[int, int]:
         """[start, end) of the assistant message `message_index` in the completion."""
@@ -84,7 +84,7 @@ class Episodes:
         self.malformed = 0                       # tool calls the environment could not run
 
     def turns_taken(self, row: int) -> int:
-        return sum(m["role"] == "assistant" for m in self.messages[row])
+        return len(assistant_messages(self.messages[row]))
 
     # ---------------------------------------------------------------- student.policy.Turns
     def after_message(self, row: int, message: list[int], ended: bool) -> list[int] | None:
@@ -110,7 +110,7 @@ class Episodes:
     # ---------------------------------------------------------------- after generation
     def transcripts(self, mask_NC: torch.Tensor) -> list[Transcript]:
         """Each row's transcript, its assistant messages found as the runs of sampled tokens."""
-        return [Transcript(self.prompts[i], self.messages[i], message_spans(mask), self.truncated[i])
+        return [Transcript(self.prompts[i], self.messages[i], message_spans(mask))
                 for i, mask in enumerate(mask_NC.tolist())]
 
     def verdicts(self) -> list[Verdict]:

@@ -35,15 +35,14 @@ def corrupt(answer: str, rng: random.Random) -> str:
 
 
 def demonstrations(problems: list[Problem], teacher: Teacher, guard: LeakGuard, tok: ByteTokenizer,
-                   rng: random.Random, hint_fraction: float, env: Environment | None = None
+                   rng: random.Random, hint_fraction: float, env: Environment
                    ) -> tuple[list[list[int]], list[list[int]], list[list[bool]]]:
     """(prompt ids, completion ids, completion mask) per problem; a `hint_fraction` share carries a
-    hint if one is safe. The demonstration is `env`'s correct episode (default: the answer alone);
+    hint if one is safe. The demonstration is `env`'s correct episode (`answer`: the answer alone);
     in a multi-message one, the hint is about one of its assistant messages (an invented near-miss
     of it) and sits right before that message. The mask marks the assistant messages' tokens:
     what the environment says, and the hint, are context, never targets."""
-    episodes = [env.demonstration(p) if env is not None else
-                [{"role": "user", "content": p.prompt}, {"role": "assistant", "content": p.answer}] for p in problems]
+    episodes = [env.demonstration(p) for p in problems]
     chosen = [i for i in range(len(problems)) if rng.random() < hint_fraction]
     targets = {}
     for i in chosen:

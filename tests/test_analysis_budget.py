@@ -156,3 +156,15 @@ def test_compare_runs_notebook_skips_the_budget_figure_for_runs_without_accounti
     assert len(notes) == 1 and "old-a, old-b" in notes[0]
     assert not (figures / "compare_accuracy_budget.png").exists()
     assert (figures / "compare_accuracy.png").is_file()      # the rest of the notebook still ran
+
+
+def test_corrected_successes_count_the_logged_corrected_rows_per_bucket(tmp_path):
+    from rl.analysis import corrected_successes
+
+    rows = [{"step": 1, "prompt": "1 + 2", "reward": 1.0, "source": "corrected"},
+            {"step": 1, "prompt": "1 + 2", "reward": 0.0, "source": "corrected"},
+            {"step": 1, "prompt": "100 + 200", "reward": 0.0, "source": "corrected"},
+            {"step": 1, "prompt": "100 + 200", "reward": 1.0}]                  # a rollout row: not counted
+    (tmp_path / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bucket = lambda prompt: "hard" if "100" in prompt else "easy"
+    assert corrected_successes(tmp_path, bucket) == {"easy": (1, 2), "hard": (0, 1)}

@@ -142,3 +142,14 @@ def test_a_layer_replaces_buckets_and_mixes_whole(tmp_path):
     cfg = load_config(tmp_path, ["task.mix={easy: 2}"])
     assert cfg.warmstart.mix == {"hard": 1} and cfg.task.mix == {"easy": 2}
     assert set(cfg.task.buckets) == {"easy", "hard"}          # untouched where no layer sets it
+
+
+@pytest.mark.parametrize("override, message", [
+    ("task.environment=nope", "task.environment='nope' is not valid"),
+    ("task.environment=calculator", "task.environment=calculator reads task.name=chain_sum with task.render=expression"),
+    ("task.environment=chain", "task.environment=chain reads task.name=chain_sum"),
+    ("rollout.max_turns=0", "rollout.max_turns must be positive"),
+])
+def test_an_environment_that_cannot_read_the_task_is_named(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config("experiments/default", [override])

@@ -6,10 +6,11 @@ have three digits and the easy bucket's at most two. Usage, after scripts/reprod
 
     .venv/bin/python experiments/guide-partial-hints/corrected_by_bucket.py [runs/study/guide-partial-hints]
 """
-import json
 import re
 import sys
 from pathlib import Path
+
+from rl.analysis import corrected_successes
 
 
 def bucket(prompt: str) -> str:
@@ -20,14 +21,8 @@ def main(study_dir: Path) -> None:
     print("| run | easy: corrected successes / sampled | hard: corrected successes / sampled |")
     print("|---|---|---|")
     for run in sorted(p for p in study_dir.glob("guide*-s*") if (p / "rollouts.jsonl").is_file()):
-        counts = {b: [0, 0] for b in ("easy", "hard")}
-        for line in (run / "rollouts.jsonl").open():
-            row = json.loads(line)
-            if row.get("source") == "corrected":
-                c = counts[bucket(row["prompt"])]
-                c[0] += row["reward"] == 1.0
-                c[1] += 1
-        cells = [f"{s} / {n} = {s / n:.3f}" if n else "—" for s, n in counts.values()]
+        counts = corrected_successes(run, bucket)
+        cells = [f"{s} / {n} = {s / n:.3f}" if n else "—" for s, n in (counts.get(b, (0, 0)) for b in ("easy", "hard"))]
         print(f"| `{run.name}` | {cells[0]} | {cells[1]} |")
 
 

@@ -11,6 +11,8 @@ import re
 import sys
 from pathlib import Path
 
+from rl.analysis import corrected_successes
+
 
 def bucket(prompt: str) -> str:
     return "easy" if len(re.findall(r"\d+", prompt)) == 3 else "hard"
@@ -20,17 +22,10 @@ def main(study_dir: Path) -> None:
     print("| run | easy: corrected successes / sampled | hard: corrected successes / sampled | hard: target message (mean index) |")
     print("|---|---|---|---|")
     for run in sorted(p for p in study_dir.glob("corrected-s*") if (p / "rollouts.jsonl").is_file()):
-        counts = {b: [0, 0] for b in ("easy", "hard")}
-        for line in (run / "rollouts.jsonl").open():
-            row = json.loads(line)
-            if row.get("source") == "corrected":
-                c = counts[bucket(row["prompt"])]
-                c[0] += row["reward"] == 1.0
-                c[1] += 1
-        targets = [json.loads(l).get("hint_target") for l in (run / "rollouts.jsonl").open()]
-        hard_targets = [t for t, l in zip(targets, (run / "rollouts.jsonl").open())
-                        if t is not None and bucket(json.loads(l)["prompt"]) == "hard"]
-        cells = [f"{s} / {n} = {s / n:.3f}" if n else "—" for s, n in counts.values()]
+        counts = corrected_successes(run, bucket)
+        cells = [f"{s} / {n} = {s / n:.3f}" if n else "—" for s, n in (counts.get(b, (0, 0)) for b in ("easy", "hard"))]
+        rows = [json.loads(line) for line in (run / "rollouts.jsonl").open()]
+        hard_targets = [r["hint_target"] for r in rows if r.get("hint_target") is not None and bucket(r["prompt"]) == "hard"]
         mean_target = f"{sum(hard_targets) / len(hard_targets):.2f} ({len(hard_targets)})" if hard_targets else "—"
         print(f"| {run.name} | {cells[0]} | {cells[1]} | {mean_target} |")
 

@@ -12,6 +12,7 @@ from student.tokenizer import assistant_text
 
 class AnswerEnvironment:
     max_reply_tokens = 0
+    reads_task = None                  # any task: its own verifier scores the answer
 
     def __init__(self, tasks: TaskSource):
         self.tasks = tasks

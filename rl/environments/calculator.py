@@ -74,6 +74,7 @@ def parse_call(message: dict) -> tuple[int, str, int] | str:
 
 class CalculatorEnvironment:
     max_reply_tokens = 56          # the longest tool message (an error, or a 19-digit product) and <assistant>
+    reads_task = ("chain_sum", "expression")
 
     def __init__(self, tasks: TaskSource):
         self.tasks = tasks

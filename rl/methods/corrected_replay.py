@@ -110,7 +110,7 @@ class CorrectedReplay(GRPO):
         if batch.transcripts is not None:
             transcripts = [Transcript(batch.prompt_ids[r], t.messages,
                                       [sp for sp in batch.transcripts[r].spans if sp[1] <= s]
-                                      + [(a + s, b + s) for a, b in t.spans], t.truncated)
+                                      + [(a + s, b + s) for a, b in t.spans])
                            for r, s, t in zip(source, starts, regenerated)]
         corrected = Batch(problems=problems, prompt_ids=[batch.prompt_ids[r] for r in source],
                           completion_ids_NC=completion_NC, mask_NC=mask_NC, old_logprobs_NC=logprobs_NC,
