@@ -61,12 +61,28 @@ class MethodConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """The vLLM rollout engine's process (student/vllm_policy.py), one per rank."""
+    python: str = ""                         # its environment's python; "" = .venv-vllm (bootstrapped on first use)
+    cpus: str = ""                           # cores it runs on (taskset -c), e.g. "1"; "" = any
+    threads: int = 1                         # its torch / OpenMP threads
+    kv_cache_gb: int = 1                     # VLLM_CPU_KVCACHE_SPACE
+    startup_timeout_s: float = 300.0
+    request_timeout_s: float = 600.0         # a request taking longer: the engine is hung, the run stops
+    bucket_mb: int = 64                      # weight-sync bucket size
+
+
+@dataclass
 class RolloutConfig:
     prompts_per_step: int = 16
     attempts_per_prompt: int = 8             # G, the group size
     max_new_tokens: int = 8                  # per message
     temperature: float = 1.0
     max_turns: int = 1                       # assistant messages per episode (environments with tools)
+    engine: str = "local"                    # what generates: "local" (the trainer's own policy, the lean
+                                             # forward) or "vllm" (a vLLM engine process, weights pushed
+                                             # after every update)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 
 @dataclass
@@ -232,6 +248,7 @@ def validate(cfg: RunConfig) -> None:
     _choice(cfg.student.arch, ARCHITECTURES, "student.arch")
     _choice(cfg.teacher.kind, TEACHERS, "teacher.kind")
     _choice(cfg.teacher.reveal, {"mismatch", "all_but_last"}, "teacher.reveal")
+    _choice(cfg.rollout.engine, {"local", "vllm"}, "rollout.engine")
     if cfg.teacher.prompt_template:
         try:
             PromptTemplate.load(cfg.teacher.prompt_template)

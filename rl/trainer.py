@@ -55,6 +55,18 @@ class NonFiniteLossError(RuntimeError):
     pass
 
 
+def engine_agreement(gap: torch.Tensor) -> dict[str, float]:
+    """How far the training forward's log-probs of the sampled tokens sit from the ones the rollout
+    engine reported, before the update (so the same weights): |log pi_train - log pi_rollout|, and
+    the spread of the importance ratio pi_train / pi_rollout it puts into the loss."""
+    if gap.numel() == 0:
+        return {}
+    gap = gap.float()
+    return {"rollout/logprob_mismatch_mean": gap.abs().mean().item(),
+            "rollout/logprob_mismatch_max": gap.abs().max().item(),
+            "rollout/ratio_std": gap.exp().std(unbiased=False).item()}
+
+
 class Trainer:
     def __init__(self, cfg: RunConfig, run_dir: Path):
         self.cfg, self.run_dir = cfg, run_dir
@@ -78,6 +90,9 @@ class Trainer:
         # What generates and scores without gradient: the module itself, or a synced full copy (ZeRO-3).
         self.rollout = RolloutModel(self.engine, lambda: build_student(cfg.student, self.tok))
         self.policy, self.train_policy = self._policies()
+        self.vllm, self._vllm_step, self._sync_seconds = None, None, 0.0
+        if cfg.rollout.engine == "vllm":
+            self.vllm, self.policy = self._vllm_policy(self.policy)
         mode, ema_rate = self.method.teacher_weights()
         self.teacher_weights = TeacherWeights(
             mode, ema_rate, self.rollout, lambda: build_student(cfg.student, self.tok),
@@ -108,6 +123,29 @@ class Trainer:
                              runner=partial(call_through, self.engine), **common)
         return policy, train
 
+    def _vllm_policy(self, local):
+        """A vLLM engine process for this rank, on the rollout model's weights, and the policy over
+        it; `local` still answers what needs the trainer's forward (student/vllm_policy.py)."""
+        from student.vllm_policy import EngineSettings, VLLMEngine, VLLMPolicy
+
+        v = self.cfg.rollout.vllm
+        settings = EngineSettings(python=v.python, cpus=v.cpus, threads=v.threads, kv_cache_gb=v.kv_cache_gb,
+                                  startup_timeout_s=v.startup_timeout_s, request_timeout_s=v.request_timeout_s,
+                                  bucket_mb=v.bucket_mb, dtype=self.cfg.student.dtype, seed=self.cfg.seed + self.rank)
+        engine = VLLMEngine(self.rollout.module, settings, self.run_dir / f"vllm-engine-rank{self.rank}.log")
+        return engine, VLLMPolicy(engine, local, pad_id=self.tok.pad_id, banned_ids=self.tok.never_sampled)
+
+    def _sync_rollout(self) -> None:
+        """Bring what generates up to the trained weights: the rollout model (ZeRO-3 / EP copy) and,
+        with rollout.engine=vllm, the engine (pushed once per optimizer step, before its next use;
+        the seconds it took are logged with the step as time/weight_sync_s)."""
+        self.rollout.sync()
+        self.rollout.module.eval()
+        if self.vllm is None or self._vllm_step == self.engine.global_steps:
+            return
+        self._sync_seconds += self.vllm.push_weights(self.rollout.module, f"step {self.engine.global_steps}")
+        self._vllm_step = self.engine.global_steps
+
     @property
     def total_steps(self) -> int:
         return self.cfg.warmstart.steps + self.cfg.trainer.steps
@@ -133,6 +171,8 @@ class Trainer:
                 if self._eval_due(self.step):
                     last_eval = self.evaluate()
                     metrics.update(last_eval)
+                if self.vllm is not None:
+                    metrics["time/weight_sync_s"], self._sync_seconds = self._sync_seconds, 0.0
                 if self.is_main:
                     self.log.log_metrics(self.step, metrics)
                 if self.step % cfg.trainer.checkpoint_every == 0 or self.step == self.total_steps:
@@ -147,6 +187,8 @@ class Trainer:
             bar.close()
             if self.is_main:
                 self.log.close()
+            if self.vllm is not None:
+                self.vllm.close()
         return last_eval
 
     def _eval_due(self, s: int) -> bool:
@@ -156,8 +198,7 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """Each rank answers its share of the held-out problems; counts are summed over ranks.
         With difficulty buckets, each bucket's metrics are also logged under eval/<metric>/<bucket>."""
-        self.rollout.sync()
-        self.rollout.module.eval()
+        self._sync_rollout()
         teacher = self.teacher_weights.policy() if self.teacher_weights.started else self.policy
         per_bucket = {}
         for bucket, problems in self.tasks.eval_by_bucket.items():
@@ -224,8 +265,7 @@ class Trainer:
         # Each row is an episode with the task's environment (one message for `answer`).
         episodes = Episodes(self.env, tok, group, ro.max_turns, ro.max_new_tokens)
         prompts = episodes.prompts
-        self.rollout.sync()
-        self.rollout.module.eval()
+        self._sync_rollout()
         policy = self._metered(self.policy)
         roll = policy.generate(prompts, self.sampling, episodes)
         transcripts = episodes.transcripts(roll.mask_NC)
@@ -262,15 +302,19 @@ class Trainer:
         self.budget.add_sequences("trained", batch.prompt_ids, batch.mask_NC)
         replay = cfg.student.router_replay
         self.engine.train()
+        gaps = []      # new - old log-prob of each sampled rollout token, before the update
 
         def loss_of(index: list[int]):
             micro = batch.select(index)
             scores = self.train_policy.score(micro.prompt_ids, micro.completion_ids_NC,
                                              temperature=cfg.rollout.temperature, need=self.method.train_need(micro),
                                              routes=micro.routes if replay else None, router_aux=True)
+            rows = [i for i, source in enumerate(micro.source) if source == "rollout"]
+            gaps.append((scores.logprobs_NC.detach()[rows] - micro.old_logprobs_NC[rows])[micro.mask_NC[rows]])
             return (*self.method.loss(micro, scores, norm), scores.aux_loss)
 
         metrics = self._accumulate(batch.n, loss_of)
+        metrics.update(engine_agreement(torch.cat(gaps)))
         if replay:
             # How often the training forward would have routed a token differently from rollout.
             metrics["router/replay_mismatch"] = self.train_policy.take_replay_mismatch()

@@ -55,6 +55,8 @@ def test_malformed_yaml_names_file_and_line(tmp_path):
 def test_registry_names_are_checked(tmp_path):
     with pytest.raises(ConfigError, match=r"method.name='ppo'.*grpo.*hint_distill"):
         load_config(write(tmp_path, ""), ["method.name=ppo"])
+    with pytest.raises(ConfigError, match=r"rollout.engine='sglang'.*local.*vllm"):
+        load_config(write(tmp_path, ""), ["rollout.engine=sglang"])
     with pytest.raises(ConfigError, match=r"task.name='no_such_task'"):
         load_config(write(tmp_path, ""), ["task.name=no_such_task"])
     with pytest.raises(ConfigError, match=r"task.config: .*'digits'"):

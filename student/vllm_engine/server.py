@@ -1,0 +1,175 @@
+"""The vLLM rollout engine's process: `python student/vllm_engine/server.py --model DIR --port P`.
+
+Runs in the vLLM environment (`.venv-vllm`), started and stopped by the trainer
+(student/vllm_policy.py), one engine per training rank. It holds one in-process `vllm.LLM`
+(`VLLM_ENABLE_V1_MULTIPROCESSING=0`: loads in seconds, one process to watch) and answers plain
+HTTP with JSON on 127.0.0.1, one request at a time (the engine is not thread-safe; the trainer asks
+in turn anyway):
+
+    GET  /health     {"ok": true, "weights": <label of the last weights loaded>}
+    POST /generate   token-id prompts in; per row the sampled ids, each one's log-prob, whether it
+                     ended at <eos>, and (routes=true) each fed token's top-k experts per layer
+    POST /score      log-probs over the whole vocabulary of given completion tokens after prompts
+    POST /weights    load safetensors buckets the trainer wrote (digest-checked), then repack
+    POST /shutdown
+
+Log-probs are vLLM's `processed_logprobs`: after temperature and the allowed-token mask, the
+distribution the engine samples from, which is the policy's own (student/policy.py). Prefix
+caching is off so every prompt token runs through the model and gets routes.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+import time
+import traceback
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+import numpy as np  # noqa: E402
+
+
+def pack(array: np.ndarray) -> dict:
+    return {"dtype": str(array.dtype), "shape": list(array.shape),
+            "data": base64.b64encode(np.ascontiguousarray(array).tobytes()).decode()}
+
+
+class Engine:
+    def __init__(self, args):
+        import torch
+        from vllm import LLM
+
+        torch.set_num_threads(args.threads)
+        self.llm = LLM(model=args.model, dtype=args.dtype, seed=args.seed, max_model_len=args.max_model_len,
+                       skip_tokenizer_init=True, enable_prefix_caching=False, enforce_eager=True,
+                       logprobs_mode="processed_logprobs", max_logprobs=-1,
+                       max_num_seqs=args.max_num_seqs,
+                       worker_extension_cls="worker_extension.HintrlWorkerExtension")
+        config = self.llm.llm_engine.model_config.hf_config
+        self.vocab_size = config.vocab_size
+        self.top_k = config.num_experts_per_tok
+        self.layers = self.llm.collective_rpc("hintrl_capture_routes", args=(self.top_k,))[0]
+        self.reload_problem = self.llm.collective_rpc("hintrl_reload_problem")[0]
+        self.weights = "initial"
+
+    def _allowed(self, banned: list[int]) -> list[int] | None:
+        return [i for i in range(self.vocab_size) if i not in set(banned)] if banned else None
+
+    def generate(self, req: dict) -> dict:
+        from vllm import SamplingParams, TokensPrompt
+
+        prompts, greedy = req["prompts"], req.get("greedy", False)
+        params = [SamplingParams(
+            n=1, max_tokens=max_tokens, temperature=0.0 if greedy else req["temperature"],
+            seed=seed, stop_token_ids=[req["eos_id"]], logprobs=0, detokenize=False,
+            allowed_token_ids=self._allowed(req.get("banned_ids", [])), skip_special_tokens=False)
+            for max_tokens, seed in zip(req["max_tokens"], req["seeds"])]
+        self.llm.collective_rpc("hintrl_take_routes")          # drop anything stale
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        routes = self.llm.collective_rpc("hintrl_take_routes")[0]
+        by_external = {req_id.rsplit("-", 1)[0]: layers for req_id, layers in routes.items()}
+        rows = []
+        for out in outs:
+            sample = out.outputs[0]
+            ids = list(sample.token_ids)
+            logps = [lp[t].logprob for t, lp in zip(ids, sample.logprobs)]
+            row = {"ids": ids, "logprobs": logps, "eos": bool(ids) and ids[-1] == req["eos_id"]}
+            if req.get("routes", True):
+                layers = by_external[out.request_id]
+                row["routes"] = pack(np.stack([l.numpy() for l in layers]))   # (layers, tokens, K)
+            rows.append(row)
+        return {"rows": rows}
+
+    def score(self, req: dict) -> dict:
+        """log p(v | prefix) for every completion position and every vocabulary entry (temperature
+        1, nothing masked: prompt log-probs are raw), so the caller can apply any temperature and
+        mask exactly."""
+        from vllm import SamplingParams, TokensPrompt
+
+        prompts, completions = req["prompts"], req["completions"]
+        params = SamplingParams(max_tokens=1, prompt_logprobs=-1, detokenize=False, temperature=1.0)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p + c) for p, c in zip(prompts, completions)],
+                                 params, use_tqdm=False)
+        self.llm.collective_rpc("hintrl_take_routes")
+        width = max(len(c) for c in completions)
+        logp = np.zeros((len(prompts), width, self.vocab_size), dtype=np.float32)
+        for i, (out, p, c) in enumerate(zip(outs, prompts, completions)):
+            for j in range(len(c)):
+                entries = out.prompt_logprobs[len(p) + j]
+                for token, lp in entries.items():
+                    logp[i, j, token] = lp.logprob
+        return {"logp": pack(logp)}
+
+    def load_weights(self, req: dict) -> dict:
+        start = time.perf_counter()
+        n = self.llm.collective_rpc("hintrl_load_weights", args=(req["files"], req.get("repack", True)))[0]
+        self.weights = req.get("label", "?")
+        return {"tensors": n, "seconds": time.perf_counter() - start}
+
+
+def serve(engine: Engine, port: int) -> None:
+    class Handler(BaseHTTPRequestHandler):
+        def _reply(self, code: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path == "/health":
+                self._reply(200, {"ok": True, "weights": engine.weights, "layers": engine.layers,
+                                  "reload_problem": engine.reload_problem})
+            else:
+                self._reply(404, {"error": f"no such path {self.path}"})
+
+        def do_POST(self):
+            route = {"/generate": engine.generate, "/score": engine.score, "/weights": engine.load_weights}
+            try:
+                req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                if self.path == "/shutdown":
+                    self._reply(200, {"ok": True})
+                    raise SystemExit(0)
+                if self.path not in route:
+                    return self._reply(404, {"error": f"no such path {self.path}"})
+                self._reply(200, route[self.path](req))
+            except SystemExit:
+                raise
+            except Exception as e:                # the trainer shows this; the log keeps the trace
+                traceback.print_exc()
+                self._reply(500, {"error": f"{type(e).__name__}: {e}"})
+
+        def log_message(self, *args):             # one line per request would drown the log
+            pass
+
+    server = HTTPServer(("127.0.0.1", port), Handler)
+    print(f"[hintrl vllm engine] serving on 127.0.0.1:{port}", flush=True)
+    try:
+        server.serve_forever()
+    except SystemExit:
+        pass
+    finally:
+        server.server_close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="HF folder (config.json + safetensors)")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-model-len", type=int, default=None, help="default: the model's max_position_embeddings")
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    serve(Engine(args), args.port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
