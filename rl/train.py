@@ -93,13 +93,20 @@ def main(argv: list[str] | None = None) -> int:
         return subprocess.call(cmd)
 
     from rl.trainer import Trainer   # heavy imports only once the config is known to be good
+    from student.vllm_policy import VLLMEngineError
 
-    trainer = Trainer(cfg, run_dir)
-    if trainer.is_main:
-        print(f"run folder: {run_dir}  ({trainer.n_params / 1e6:.2f}M-parameter {cfg.student.arch} "
-              f"student, method {cfg.method.name}, seed {cfg.seed}, {trainer.world} rank(s), "
-              f"ZeRO-{cfg.deepspeed.zero_stage})", flush=True)
-    final = trainer.train()
+    try:
+        trainer = Trainer(cfg, run_dir)
+        if trainer.is_main:
+            print(f"run folder: {run_dir}  ({trainer.n_params / 1e6:.2f}M-parameter {cfg.student.arch} "
+                  f"student, method {cfg.method.name}, seed {cfg.seed}, {trainer.world} rank(s), "
+                  f"ZeRO-{cfg.deepspeed.zero_stage})", flush=True)
+        final = trainer.train()
+    except VLLMEngineError as err:
+        # The engine is gone or wedged: stop with its message (which names its log), not a traceback.
+        print(f"rollout engine error: {err}\nrun folder: {run_dir} (resume=true continues from its last "
+              f"checkpoint)", file=sys.stderr)
+        return 1
     if trainer.is_main and cfg.trainer.export_to:
         from rl.export import export     # reads the final checkpoint, which every rank has written
 

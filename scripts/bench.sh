@@ -6,6 +6,9 @@
 #         (python -m benchmarks.rl --help: --steps, --contenders for quick checks); writes
 #         benchmarks/results/rl-cpu.{json,md} and the table in benchmarks/README.md.
 #         Installs the `bench` extra (TRL) on first use, keeping torch/transformers/deepspeed as installed.
+#   rollout  tokens/s sampling 64 prompts x 32 tokens: our lean generate, transformers generate and the
+#         vLLM engine (rollout.engine=vllm) at ~1M, ~30M and ~200M parameters
+#         (python -m benchmarks.rollout --help); writes benchmarks/results/rollout-<device>.{json,md}
 #   scoring_memory  peak memory of one hinted teacher-scoring pass at vocabulary 151,936 per `need`
 #         (python -m benchmarks.scoring_memory --help); writes benchmarks/results/scoring-memory-cpu.{json,md}
 set -euo pipefail
@@ -16,6 +19,7 @@ shift || true
 case "$name" in
   moe) exec python -m benchmarks.moe "$@" ;;
   scoring_memory) exec python -m benchmarks.scoring_memory "$@" ;;
+  rollout) exec python -m benchmarks.rollout "$@" ;;
   rl)
     if ! python -c "import trl" 2>/dev/null; then
       read -r -a reqs <<<"$(python - <<'PY'
@@ -30,5 +34,5 @@ PY
       python -m pip install -q "${reqs[@]}"
     fi
     exec python -m benchmarks.rl "$@" ;;
-  *) echo "usage: scripts/bench.sh <benchmark> [args...]; valid benchmarks: moe, rl, scoring_memory" >&2; exit 2 ;;
+  *) echo "usage: scripts/bench.sh <benchmark> [args...]; valid benchmarks: moe, rl, rollout, scoring_memory" >&2; exit 2 ;;
 esac

@@ -24,21 +24,16 @@ stamp "benchmark"
 timeout 150 python -m benchmarks.moe --device cuda --iters 3
 if [ -n "${OUT:-}" ]; then cp benchmarks/results/moe-cuda.* "$OUT"/; fi
 
-# Exported students load in vLLM (only where vllm is installed: pip install -e ".[vllm]").
-if python -c "import vllm" 2>/dev/null; then
-  stamp "vLLM loads an exported student"
-  tmp=$(mktemp -d)
-  timeout 240 python -m rl.train experiments/default warmstart.steps=2 trainer.steps=1 task.eval_size=8 \
-    output_dir="$tmp/runs" run_name=gpu > /dev/null
-  python -m rl.export "$tmp/runs/default/gpu" "$tmp/hf"
-  timeout 240 python - "$tmp/hf" <<'PY'
-import sys
-from vllm import LLM, SamplingParams
-llm = LLM(model=sys.argv[1], enforce_eager=True, gpu_memory_utilization=0.2)
-out = llm.generate(["3 + 4 = ?"], SamplingParams(max_tokens=4, temperature=0))
-print("vllm generated:", repr(out[0].outputs[0].text))
-PY
+# The vLLM rollout engine (rollout.engine=vllm): its environment with the CUDA vllm wheel, its
+# tests, and rollout throughput against our generate and transformers' (benchmarks/rollout.py).
+stamp "vLLM environment"
+if timeout 300 bash scripts/bootstrap_vllm.sh; then
+  stamp "vLLM engine tests"
+  timeout 240 python -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py || true
+  stamp "rollout benchmark"
+  timeout 240 python -m benchmarks.rollout --repeats 2 || true
+  if [ -n "${OUT:-}" ]; then cp benchmarks/results/rollout-cuda.* "$OUT"/ 2>/dev/null || true; fi
 else
-  stamp "vllm not installed: skipped the export-loads-in-vLLM check"
+  stamp "could not set up .venv-vllm: skipped the vLLM checks"
 fi
 stamp "done"

@@ -17,11 +17,14 @@ checkpoint names vLLM loads (transformers' `revert_weight_conversion`: per-exper
 with a digest the engine checks before loading. Sampling seeds come from torch's global RNG, one per
 row and message, so a run's rollouts follow its seed and resume like the local engine's.
 
-Scoring without gradient asks the engine for log p over the whole vocabulary at temperature 1
-(prompt log-probs are raw) and applies the policy's temperature and banned ids here, so engine
-scores are exactly the policy's distribution; routes forced by replay, gradients and router losses
-need the trainer's own forward, so those calls go to `local`. Whole-vocabulary scoring is sized for
-small vocabularies (this project's byte tokenizer): above `max_engine_vocab` it stays local too.
+Scoring without gradient of sampled-token or top-k log-probs (`need` logprobs, argmax, topk) asks
+the engine for log p over the whole vocabulary at temperature 1 (prompt log-probs are raw) and
+applies the policy's temperature and banned ids here, so engine scores are exactly the policy's
+distribution. The engine's answer is sized for small vocabularies (this project's byte
+tokenizer): above `max_engine_vocab` scoring stays local. So do whole-distribution scores
+(`need="full"`: the reply would be rows x tokens x vocabulary, where the local forward on the same
+weights agrees to ~1e-6), and whatever needs the trainer's own forward: gradients, routes forced by
+replay, router losses.
 """
 from __future__ import annotations
 
@@ -89,6 +92,20 @@ def checkpoint_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: t.detach().to("cpu").contiguous() for name, t in state.items()}
 
 
+def write_model_folder(module: torch.nn.Module, folder: Path) -> None:
+    """config.json + model.safetensors in checkpoint names: what the engine starts from. Written
+    here rather than by `save_pretrained`, which leaves files to the main process of a
+    distributed run (every rank starts its own engine)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = module.config.to_dict()
+    config["architectures"] = [type(module).__name__]
+    config.pop("experts_implementation", None)       # ours; vLLM runs its own experts
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    save_file(checkpoint_tensors(module), str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
 def vllm_python(settings: EngineSettings) -> Path:
     """The vLLM environment's python, bootstrapped on first use (scripts/bootstrap_vllm.sh)."""
     python = Path(settings.python) if settings.python else ROOT / ".venv-vllm" / "bin" / "python"
@@ -106,14 +123,22 @@ class VLLMEngine:
 
     def __init__(self, module: torch.nn.Module, settings: EngineSettings, log_path: Path):
         self.settings, self.log_path = settings, Path(log_path)
-        self.top_k = module.config.num_experts_per_tok
         self.vocab_size = module.config.vocab_size
-        self.shm = Path(tempfile.mkdtemp(prefix="hintrl-vllm-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
+        # Weight buckets go through shared memory when it has room for two copies of the model
+        # (containers often give /dev/shm 64 MB), else through the temporary directory's disk.
+        size = sum(t.numel() * t.element_size() for t in module.state_dict().values())
+        shm = Path("/dev/shm")
+        roomy = shm.is_dir() and shutil.disk_usage(shm).free > 2 * size
+        self.shm = Path(tempfile.mkdtemp(prefix="hintrl-vllm-", dir=shm if roomy else None))
         self.process: subprocess.Popen | None = None
-        self.pushed = "initial"
+        self.pushed = "initial"                 # the label of the weights the engine holds
         model_dir = self.shm / "model"
-        module.save_pretrained(model_dir, safe_serialization=True)
-        self._start(model_dir)
+        try:
+            write_model_folder(module, model_dir)
+            self._start(model_dir)
+        except BaseException:
+            self.close()
+            raise
         (model_dir / "model.safetensors").unlink(missing_ok=True)    # loaded; the config stays
         atexit.register(self.close)
 
@@ -145,7 +170,6 @@ class VLLMEngine:
                 health = None
             if health is not None:
                 if health.get("reload_problem"):        # it could generate, but never take new weights
-                    self.close()
                     raise VLLMEngineError(f"rollout.engine=vllm: {health['reload_problem']}")
                 self.layers = health["layers"]
                 return
@@ -210,7 +234,9 @@ class VLLMEngine:
     # ------------------------------------------------------------------ weights
     def push_weights(self, module: torch.nn.Module, label: str, repack: bool = True) -> float:
         """Send `module`'s weights: safetensors buckets of about `bucket_mb`, each with its
-        digest. Returns the seconds it took end to end."""
+        digest, loaded by the engine in one in-place reload (vLLM re-processes a layer once all its
+        tensors arrived within that call, so every bucket is written before it starts). Returns the
+        seconds it took end to end."""
         from safetensors.torch import save
         from student.vllm_engine.worker_extension import digest_of
 
@@ -328,7 +354,7 @@ class VLLMPolicy:
     # ------------------------------------------------------------------ scoring
     def score(self, prompts: list[list[int]], completion_NC: torch.Tensor, *, temperature: float = 1.0,
               need: str = "logprobs", k: int = 0, routes: Routes | None = None, router_aux: bool = False) -> Scores:
-        if (torch.is_grad_enabled() or routes is not None or router_aux
+        if (torch.is_grad_enabled() or routes is not None or router_aux or need == "full"
                 or self.engine.vocab_size > self.settings_vocab_limit):
             return self.local.score(prompts, completion_NC, temperature=temperature, need=need, k=k,
                                     routes=routes, router_aux=router_aux)

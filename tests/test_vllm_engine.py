@@ -95,6 +95,17 @@ def test_engine_scores_are_the_policys_scores(served):
     assert (ours.logprobs_NC - theirs.logprobs_NC)[m].abs().max() < TOL
     assert (ours.topk_logp_NCK - theirs.topk_logp_NCK)[m].abs().max() < TOL
     assert torch.equal(ours.topk_ids_NCK[m], theirs.topk_ids_NCK[m])
+    # sampled-token and top-k scores come from the engine; whole distributions from the local forward
+    calls = []
+    original = engine.post
+    engine.post = lambda path, body, **kw: calls.append(path) or original(path, body, **kw)
+    try:
+        with torch.no_grad():
+            policy.score(prompts, roll.completion_ids_NC, need="logprobs")
+            policy.score(prompts, roll.completion_ids_NC, need="full")        # stays local
+    finally:
+        engine.post = original
+    assert calls == ["/score"]
 
 
 def test_weights_pushed_after_an_update_land_exactly_and_need_the_moe_repack(served):
@@ -222,3 +233,28 @@ def test_training_with_the_vllm_engine(tmp_path):
     assert sum(r["time/weight_sync_s"] > 0 for r in rl) >= 2
     assert "eval/accuracy" in rows[-1]
     assert (run / "vllm-engine-rank0.log").exists()
+
+
+@pytest.mark.parametrize("layout", [["deepspeed.zero_stage=3", "deepspeed.param_persistence_threshold=0"],
+                                    ["deepspeed.zero_stage=2", "deepspeed.expert_parallel_size=2"]],
+                         ids=["zero3", "ep2"])
+def test_two_ranks_push_the_gathered_weights_to_their_engines(tmp_path, layout):
+    """Partitioned parameters (ZeRO-3) or expert shards (EP): each rank's engine gets the whole
+    model after every update, so its rollouts still match the training forward."""
+    out = tmp_path / "runs"
+    result = run_cli(["experiments/default", *TINY, "student.hidden_size=64", "student.expert_width=32",
+                      "launcher.nproc_per_node=2", *layout, "rollout.engine=vllm", f"output_dir={out}",
+                      "run_name=two"], timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    run = out / "default" / "two"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in rows if "rollout/logprob_mismatch_max" in r]
+    assert len(rl) == 4 and all(r["rollout/logprob_mismatch_max"] < 1e-4 for r in rl)
+    assert {p.name for p in run.glob("vllm-engine-rank*.log")} == {"vllm-engine-rank0.log", "vllm-engine-rank1.log"}
+
+
+def test_a_missing_engine_environment_stops_the_run_with_the_key_to_fix(tmp_path):
+    result = run_cli(["experiments/default", *TINY, "rollout.engine=vllm", "rollout.vllm.python=/nonexistent/python",
+                      f"output_dir={tmp_path}", "run_name=x"])
+    assert result.returncode == 1
+    assert "rollout engine error: rollout.vllm.python='/nonexistent/python' does not exist" in result.stderr

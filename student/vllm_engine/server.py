@@ -48,6 +48,7 @@ class Engine:
                        skip_tokenizer_init=True, enable_prefix_caching=False, enforce_eager=True,
                        logprobs_mode="processed_logprobs", max_logprobs=-1,
                        max_num_seqs=args.max_num_seqs,
+                       **({"gpu_memory_utilization": args.gpu_memory_utilization} if torch.cuda.is_available() else {}),
                        worker_extension_cls="worker_extension.HintrlWorkerExtension")
         config = self.llm.llm_engine.model_config.hf_config
         self.vocab_size = config.vocab_size
@@ -65,7 +66,8 @@ class Engine:
         prompts, greedy = req["prompts"], req.get("greedy", False)
         params = [SamplingParams(
             n=1, max_tokens=max_tokens, temperature=0.0 if greedy else req["temperature"],
-            seed=seed, stop_token_ids=[req["eos_id"]], logprobs=0, detokenize=False,
+            seed=seed, stop_token_ids=[req["eos_id"]], ignore_eos=True,   # the caller's <eos> ends a row, as locally
+            logprobs=0, flat_logprobs=True, detokenize=False,
             allowed_token_ids=self._allowed(req.get("banned_ids", [])), skip_special_tokens=False)
             for max_tokens, seed in zip(req["max_tokens"], req["seeds"])]
         self.llm.collective_rpc("hintrl_take_routes")          # drop anything stale
@@ -76,7 +78,8 @@ class Engine:
         for out in outs:
             sample = out.outputs[0]
             ids = list(sample.token_ids)
-            logps = [lp[t].logprob for t, lp in zip(ids, sample.logprobs)]
+            flat = sample.logprobs           # one entry per position: the sampled token, first
+            logps = [flat.logprobs[start] for start in flat.start_indices]
             row = {"ids": ids, "logprobs": logps, "eos": bool(ids) and ids[-1] == req["eos_id"]}
             if req.get("routes", True):
                 layers = by_external[out.request_id]
@@ -91,17 +94,25 @@ class Engine:
         from vllm import SamplingParams, TokensPrompt
 
         prompts, completions = req["prompts"], req["completions"]
-        params = SamplingParams(max_tokens=1, prompt_logprobs=-1, detokenize=False, temperature=1.0)
+        params = SamplingParams(max_tokens=1, prompt_logprobs=-1, flat_logprobs=True, detokenize=False,
+                                temperature=1.0)
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p + c) for p, c in zip(prompts, completions)],
                                  params, use_tqdm=False)
         self.llm.collective_rpc("hintrl_take_routes")
         width = max(len(c) for c in completions)
         logp = np.zeros((len(prompts), width, self.vocab_size), dtype=np.float32)
         for i, (out, p, c) in enumerate(zip(outs, prompts, completions)):
-            for j in range(len(c)):
-                entries = out.prompt_logprobs[len(p) + j]
-                for token, lp in entries.items():
-                    logp[i, j, token] = lp.logprob
+            flat = out.prompt_logprobs       # flat lists over (position, vocabulary entry)
+            # position len(p) + j of the sequence holds log p(completion token j | prefix); each
+            # position's entries are the given token first, then the whole vocabulary by rank
+            first, last = len(p), len(p) + len(c)
+            starts = np.asarray(flat.start_indices[first:last])
+            counts = np.asarray(flat.end_indices[first:last]) - starts
+            begin, end = int(starts[0]), int(starts[-1] + counts[-1])
+            tokens = np.asarray(flat.token_ids[begin:end])
+            values = np.asarray(flat.logprobs[begin:end], dtype=np.float32)
+            position = np.repeat(np.arange(len(c)), counts)
+            logp[i, position, tokens] = values
         return {"logp": pack(logp)}
 
     def load_weights(self, req: dict) -> dict:
@@ -166,6 +177,8 @@ def main() -> int:
     parser.add_argument("--max-model-len", type=int, default=None, help="default: the model's max_position_embeddings")
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.3,
+                        help="GPU only: the share of GPU memory the engine may take (the trainer needs the rest)")
     args = parser.parse_args()
     serve(Engine(args), args.port)
     return 0

@@ -78,6 +78,9 @@ class HintrlWorkerExtension:
                 yield from bucket.items()
 
         self.model_runner.reload_weights(weights_iterator=tensors(), is_checkpoint_format=True)
+        from vllm.platforms import current_platform
+
+        repack = repack and current_platform.is_cpu()       # the packing below is the CPU backend's
         model = self.model_runner.model
         head = getattr(model, "lm_head", None)
         if repack and head is not None and getattr(model.config, "tie_word_embeddings", False):
