@@ -44,13 +44,34 @@ def save(engine, ckpt_dir: Path, step: int, cursor: int, rng: random.Random, kee
     save_expert_shard(engine.module, path)      # expert parallelism: this EP rank's experts
     if write is not None:
         write(path)
-    torch.save({"py_rng": rng.getstate(), "torch_rng": torch.get_rng_state()},
-               _rng_file(path, dist.rank()))
+    states = {"py_rng": rng.getstate(), "torch_rng": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        # GPU sampling (torch.rand on the device) draws from the CUDA generators, not the CPU one
+        states["cuda_rng"] = torch.cuda.get_rng_state_all()
+    torch.save(states, _rng_file(path, dist.rank()))
     dist.barrier()   # every rank's files are written before old tags go
     if dist.rank() == 0:
         for old in list_tags(ckpt_dir)[:-keep]:
             shutil.rmtree(ckpt_dir / old, ignore_errors=True)
     return path
+
+
+def restore_cuda_rng(saved: list[torch.Tensor] | None, path: Path) -> None:
+    """Put the CUDA generators back as saved. A checkpoint from a CPU run resumed on a GPU has none
+    (the GPU stream then starts from the seed); one from a GPU run resumed without a GPU cannot
+    continue that stream, which is said, not hidden."""
+    if saved is None:
+        return
+    if not torch.cuda.is_available():
+        import warnings
+
+        warnings.warn(f"{path} holds CUDA random states but no GPU is visible: sampling continues on the CPU "
+                      f"generator, so this resume is not bit-identical to the GPU run")
+        return
+    if len(saved) != torch.cuda.device_count():
+        raise RuntimeError(f"{path} holds random states of {len(saved)} GPU(s) and {torch.cuda.device_count()} "
+                           f"are visible: resume with the same CUDA_VISIBLE_DEVICES")
+    torch.cuda.set_rng_state_all(saved)
 
 
 def load(engine, ckpt_dir: Path, rng: random.Random) -> tuple[int, int, dict, Path]:
@@ -71,4 +92,5 @@ def load(engine, ckpt_dir: Path, rng: random.Random) -> tuple[int, int, dict, Pa
     states = torch.load(rng_file, weights_only=False)
     rng.setstate(states["py_rng"])
     torch.set_rng_state(states["torch_rng"])
+    restore_cuda_rng(states.get("cuda_rng"), path)
     return client_state["step"], client_state["task_cursor"], client_state, path

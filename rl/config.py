@@ -249,6 +249,14 @@ def validate(cfg: RunConfig) -> None:
     _choice(cfg.teacher.kind, TEACHERS, "teacher.kind")
     _choice(cfg.teacher.reveal, {"mismatch", "all_but_last"}, "teacher.reveal")
     _choice(cfg.rollout.engine, {"local", "vllm"}, "rollout.engine")
+    _choice(cfg.student.attn_implementation, {"sdpa", "eager", "flash_attention_2"}, "student.attn_implementation")
+    if cfg.student.attn_implementation == "flash_attention_2":
+        import importlib.util
+
+        if importlib.util.find_spec("flash_attn") is None:
+            raise ConfigError("student.attn_implementation=flash_attention_2 needs the flash-attn package, "
+                              "which needs a GPU: pip install -e '.[flash]' (or keep sdpa, which takes torch's "
+                              "flash kernel on a GPU for bf16)")
     if cfg.teacher.prompt_template:
         try:
             PromptTemplate.load(cfg.teacher.prompt_template)

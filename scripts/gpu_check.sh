@@ -1,39 +1,109 @@
 #!/usr/bin/env bash
-# One prepared GPU check, sized to fit a short GPU session: build the CUDA extension for the
-# visible GPU, run the GPU tests and the CPU kernel tests, then a short MoE benchmark on CUDA.
-# Usage: scripts/gpu_check.sh            (results: benchmarks/results/moe-cuda.{json,md}, copied to $OUT if set)
+# One prepared GPU check, sized for one short GPU session (one 10-minute command on a fresh machine):
+# build the CUDA kernels for the visible GPU, test them, benchmark the MoE layer, train the default
+# experiment on CUDA, a few ZeRO-2 bf16 steps of a ~200M-parameter student, and the vLLM rollout
+# engine. Each step has its own time limit and log; a failing step is recorded and the next runs.
+#
+#   scripts/gpu_check.sh             run everything; results in $OUT (the device tool's folder) or
+#                                    benchmarks/results/gpu-check/: summary.md, <step>.log, and the
+#                                    benchmarks' moe-<gpu>.{json,md}, train-<gpu>.json, rollout-<gpu>.{json,md}
+#   scripts/gpu_check.sh --dry-run   print each step and its command, check that every input exists;
+#                                    needs no GPU (tests/test_gpu_check.py runs it)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-if [ -x .venv/bin/python ]; then export PATH="$ROOT/.venv/bin:$PATH"; else source scripts/bootstrap.sh; fi
-export CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}"
+DRY=0
+[ "${1:-}" = "--dry-run" ] && DRY=1
+RESULTS="${OUT:-$ROOT/benchmarks/results/gpu-check}"
 t0=$(date +%s)
-stamp() { echo "[gpu_check +$(( $(date +%s) - t0 ))s] $*"; }
+missing=0
+budget=0          # the steps' limits together: one device command may run 600 s
+summary=()
 
-stamp "GPU: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1)"
-arch=$(python -c "import torch; c = torch.cuda.get_device_capability(); print(f'{c[0]}.{c[1]}')")
-stamp "building kernels (TORCH_CUDA_ARCH_LIST=$arch)"
-TORCH_CUDA_ARCH_LIST="$arch" MAX_JOBS="${MAX_JOBS:-8}" python setup.py build_ext --inplace > /tmp/hintrl_build.log 2>&1 \
-  || { tail -50 /tmp/hintrl_build.log; exit 1; }
-python -m kernels.info
-
-stamp "tests"
-timeout 120 python -m pytest -q -p no:cacheprovider tests/test_kernels_cuda.py tests/test_kernels_ops.py
-
-stamp "benchmark"
-timeout 150 python -m benchmarks.moe --device cuda --iters 3
-if [ -n "${OUT:-}" ]; then cp benchmarks/results/moe-cuda.* "$OUT"/; fi
-
-# The vLLM rollout engine (rollout.engine=vllm): its environment with the CUDA vllm wheel, its
-# tests, and rollout throughput against our generate and transformers' (benchmarks/rollout.py).
-stamp "vLLM environment"
-if timeout 300 bash scripts/bootstrap_vllm.sh; then
-  stamp "vLLM engine tests"
-  timeout 240 python -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py || true
-  stamp "rollout benchmark"
-  timeout 240 python -m benchmarks.rollout --repeats 2 || true
-  if [ -n "${OUT:-}" ]; then cp benchmarks/results/rollout-cuda.* "$OUT"/ 2>/dev/null || true; fi
+if [ "$DRY" = 1 ]; then
+  gpu="dry-run"
+  PY=python3
 else
-  stamp "could not set up .venv-vllm: skipped the vLLM checks"
+  mkdir -p "$RESULTS"
+  if [ -x .venv/bin/python ]; then export PATH="$ROOT/.venv/bin:$PATH"; else source scripts/bootstrap.sh; fi
+  PY=python
+  export CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}"
+  # a short name for result files: h200, h100, a100, ... (else the whole name, simplified)
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z' 'a-z' \
+        | grep -oE '[a-z][0-9]{2,4}[a-z]?' | head -1 || true)
+  gpu=${gpu:-gpu}
 fi
-stamp "done"
+TMP=$(mktemp -d)
+
+# step NAME TIMEOUT_S "INPUTS" COMMAND: run COMMAND (a bash string) under its own time limit,
+# its output in $RESULTS/NAME.log; INPUTS (paths, space-separated) must exist.
+step() {
+  local name=$1 limit=$2 inputs=$3 cmd=$4 start rc
+  budget=$((budget + limit))
+  for path in $inputs; do
+    if [ ! -e "$path" ]; then echo "[gpu_check] $name: missing input $path" >&2; missing=$((missing + 1)); fi
+  done
+  if [ "$DRY" = 1 ]; then
+    echo "[gpu_check] would run $name (limit ${limit}s): $cmd"
+    return 0
+  fi
+  echo "[gpu_check +$(( $(date +%s) - t0 ))s] $name"
+  start=$(date +%s)
+  set +e
+  timeout "$limit" bash -c "$cmd" > "$RESULTS/$name.log" 2>&1
+  rc=$?
+  set -e
+  local took=$(( $(date +%s) - start ))
+  tail -5 "$RESULTS/$name.log"
+  summary+=("| $name | $([ $rc = 0 ] && echo ok || { [ $rc = 124 ] && echo "timed out" || echo "failed ($rc)"; }) | ${took}s |")
+}
+
+step build 150 "setup.py kernels/csrc" \
+  'arch=$(python -c "import torch; c = torch.cuda.get_device_capability(); print(f\"{c[0]}.{c[1]}\")")
+   TORCH_CUDA_ARCH_LIST="$arch" MAX_JOBS="${MAX_JOBS:-8}" python setup.py build_ext --inplace && python -m kernels.info'
+
+# the CUDA kernels against their references and the CPU build; our experts against transformers'
+# eager on every MoE family the CPU tests cover
+step kernel_tests 90 "tests/test_kernels_cuda.py tests/test_kernels_ops.py tests/test_experts_parity.py" \
+  "$PY -m pytest -q -p no:cacheprovider tests/test_kernels_cuda.py tests/test_kernels_ops.py tests/test_experts_parity.py"
+
+step moe_bench 90 "benchmarks/moe.py" \
+  "$PY -m benchmarks.moe --device cuda --iters 3 && cp benchmarks/results/moe-cuda.json '$RESULTS/moe-$gpu.json' \
+   && cp benchmarks/results/moe-cuda.md '$RESULTS/moe-$gpu.md'"
+
+# the default experiment on CUDA for a few hundred steps (CPU: experiments/default/README.md)
+step default_train 90 "experiments/default/config.yaml experiments/default/compare_engines.py" \
+  "$PY -m rl.train experiments/default warmstart.steps=200 trainer.steps=100 trainer.eval_every=100 \
+   output_dir=$TMP/runs run_name=gpu && $PY experiments/default/compare_engines.py $TMP/runs/default/gpu \
+   --out '$RESULTS/train-$gpu.json'"
+
+# a ~200M-parameter student (benchmarks/rollout.py's largest) for a few ZeRO-2 bf16 steps
+step large_student 60 "experiments/default/config.yaml" \
+  "$PY -m rl.train experiments/default student.hidden_size=1024 student.num_layers=8 student.num_heads=16 \
+   student.num_kv_heads=8 student.num_experts=16 student.expert_width=448 deepspeed.zero_stage=2 \
+   deepspeed.dtype=bf16 warmstart.steps=3 trainer.steps=3 trainer.eval_every=3 task.eval_size=16 \
+   output_dir=$TMP/runs run_name=large"
+
+# the vLLM rollout engine (rollout.engine=vllm): its environment, its tests, rollout throughput
+step vllm 110 "scripts/bootstrap_vllm.sh tests/test_vllm_engine.py benchmarks/rollout.py" \
+  "bash scripts/bootstrap_vllm.sh && $PY -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py \
+   && $PY -m benchmarks.rollout --repeats 2 --out '$RESULTS' && mv '$RESULTS/rollout-cuda.json' '$RESULTS/rollout-$gpu.json' \
+   && mv '$RESULTS/rollout-cuda.md' '$RESULTS/rollout-$gpu.md'"
+
+rm -rf "$TMP"
+if [ "$DRY" = 1 ]; then
+  echo "[gpu_check] the steps' limits add up to ${budget}s (one device command: 600 s)"
+  [ "$budget" -le 600 ] || { echo "[gpu_check] dry run: over one device command's 600 s" >&2; exit 1; }
+  [ "$missing" = 0 ] || { echo "[gpu_check] dry run: $missing input(s) missing" >&2; exit 1; }
+  echo "[gpu_check] dry run: every input is present"
+  exit 0
+fi
+{
+  echo "# gpu_check on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(date -u +%Y-%m-%d)"
+  echo
+  echo "| step | result | time |"
+  echo "|---|---|---|"
+  printf '%s\n' "${summary[@]}"
+} > "$RESULTS/summary.md"
+cat "$RESULTS/summary.md"
+echo "[gpu_check +$(( $(date +%s) - t0 ))s] done; results in $RESULTS"

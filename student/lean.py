@@ -49,6 +49,8 @@ def unsupported(model: torch.nn.Module) -> str | None:
         return "attention projections with bias"
     if getattr(c, "router_jitter_noise", 0.0):
         return "router jitter noise"
+    if getattr(c, "_attn_implementation", "sdpa") == "flash_attention_2":
+        return "attn_implementation=flash_attention_2 (the lean forward computes attention itself)"
     layers = model.model.layers
     if any(getattr(getattr(l.mlp, "experts", None), "has_bias", False) for l in layers):
         return "expert biases"
@@ -245,6 +247,8 @@ class LeanForward:
         return qk[:, :, :h_], qk[:, :, h_:], v
 
     def _attention(self, q_NHSd, k_NKTd, v_NKTd, bias_N1ST):
+        if q_NHSd.is_cuda:
+            return self._attention_sdpa(q_NHSd, k_NKTd, v_NKTd, bias_N1ST)
         # Query heads grouped by the key/value head they share (transformers' repeat_kv order), so
         # GQA is two batched matmuls without materialising repeated keys.
         n, h, s, d = q_NHSd.shape
@@ -254,6 +258,13 @@ class LeanForward:
         att = att.view(n, hkv, g, s, t) + bias_N1ST[:, :, None]
         att = torch.softmax(att.float(), dim=-1).to(q_NHSd.dtype)
         return torch.matmul(att.view(n, hkv, g * s, t), v_NKTd).view(n, h, s, d)
+
+    def _attention_sdpa(self, q_NHSd, k_NKTd, v_NKTd, bias_N1ST):
+        """The same attention through torch SDPA, which picks a fused kernel on a GPU (with an
+        additive mask, the memory-efficient one: every row's padding and prefix layout is a mask).
+        On the CPU the two matmuls above are faster at this project's sizes."""
+        return F.scaled_dot_product_attention(q_NHSd, k_NKTd, v_NKTd, attn_mask=bias_N1ST.to(q_NHSd.dtype),
+                                              scale=self.scale, enable_gqa=True)
 
     def _route(self, li: int, mlp, h_TD: torch.Tensor, forced: list[torch.Tensor] | None,
                log: RouteLog | None, replay) -> torch.Tensor:

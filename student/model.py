@@ -33,7 +33,9 @@ class StudentConfig:
     experts_implementation: str = "hintrl"  # transformers ExpertsInterface name: "hintrl" (ours), "eager", "grouped_mm"
     router_replay: bool = True       # training forward reuses the experts chosen at rollout time
     lean_forward: bool = True        # run on student/lean.py where the family allows (else transformers' forward)
-    attn_implementation: str = "sdpa"
+    attn_implementation: str = "sdpa"   # transformers' forward: "sdpa" (torch takes its flash kernel on a GPU
+                                        # for bf16), "eager", "flash_attention_2" (the `flash` extra, GPU only;
+                                        # the lean forward computes attention itself, so it steps aside)
     dtype: str = "float32"
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import logging
 import os
 import sys
 import time
@@ -38,12 +39,23 @@ def pack(array: np.ndarray) -> dict:
             "data": base64.b64encode(np.ascontiguousarray(array).tobytes()).decode()}
 
 
+class _ExpectedReloadWarnings(logging.Filter):
+    """Every weight push makes vLLM's layer-wise reload warn that two kinds of layer got no
+    weights: rotary embeddings have none, and a tied LM head's weight is the embedding's (the
+    worker extension re-packs it). Expected, so kept out of the log the trainer's errors point to."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.getMessage().endswith("Failed to load weights")
+                    and record.args and record.args[0] in ("RotaryEmbedding", "ParallelLMHead"))
+
+
 class Engine:
     def __init__(self, args):
         import torch
         from vllm import LLM
 
         torch.set_num_threads(args.threads)
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_ExpectedReloadWarnings())
         self.llm = LLM(model=args.model, dtype=args.dtype, seed=args.seed, max_model_len=args.max_model_len,
                        skip_tokenizer_init=True, enable_prefix_caching=False, enforce_eager=True,
                        logprobs_mode="processed_logprobs", max_logprobs=-1,
