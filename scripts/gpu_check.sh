@@ -9,6 +9,9 @@
 #                                    benchmarks' moe-<gpu>.{json,md}, train-<gpu>.json, rollout-<gpu>.{json,md}
 #   scripts/gpu_check.sh --dry-run   print each step and its command, check that every input exists;
 #                                    needs no GPU (tests/test_gpu_check.py runs it)
+# Environment: .venv if there is one; else, on a machine without network, its python3 plus the
+# wheels in .whl (scripts/gpu_wheels.sh prepares them here; carry .whl with the device call);
+# else scripts/bootstrap.sh.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -23,9 +26,23 @@ summary=()
 if [ "$DRY" = 1 ]; then
   gpu="dry-run"
   PY=python3
+  if [ -x .venv/bin/python ]; then echo "[gpu_check] environment: .venv"
+  elif [ -d .whl ]; then echo "[gpu_check] environment: python3 + the wheels in .whl ($(ls .whl | wc -l))"
+  else echo "[gpu_check] environment: none yet; scripts/bootstrap.sh would need network (scripts/gpu_wheels.sh prepares .whl for a machine without)"
+  fi
 else
   mkdir -p "$RESULTS"
-  if [ -x .venv/bin/python ]; then export PATH="$ROOT/.venv/bin:$PATH"; else source scripts/bootstrap.sh; fi
+  if [ -x .venv/bin/python ]; then
+    export PATH="$ROOT/.venv/bin:$PATH"
+  elif [ -d .whl ]; then
+    # a bare GPU machine without network: its python3 (torch included) plus the wheels
+    # scripts/gpu_wheels.sh prepared and the device call carried
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/hintrl-site .whl/*.whl
+    export PYTHONPATH="/tmp/hintrl-site:$ROOT" DS_ACCELERATOR=cuda
+    mkdir -p /tmp/hintrl-bin && ln -sf "$(command -v python3)" /tmp/hintrl-bin/python && export PATH="/tmp/hintrl-bin:$PATH"
+  else
+    source scripts/bootstrap.sh
+  fi
   PY=python
   export CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}"
   # a short name for result files: h200, h100, a100, ... (else the whole name, simplified)
@@ -85,7 +102,7 @@ step large_student 60 "experiments/default/config.yaml" \
    output_dir=$TMP/runs run_name=large"
 
 # the vLLM rollout engine (rollout.engine=vllm): its environment, its tests, rollout throughput
-step vllm 110 "scripts/bootstrap_vllm.sh tests/test_vllm_engine.py benchmarks/rollout.py" \
+step vllm 80 "scripts/bootstrap_vllm.sh tests/test_vllm_engine.py benchmarks/rollout.py" \
   "bash scripts/bootstrap_vllm.sh && $PY -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py \
    && $PY -m benchmarks.rollout --repeats 2 --out '$RESULTS' && mv '$RESULTS/rollout-cuda.json' '$RESULTS/rollout-$gpu.json' \
    && mv '$RESULTS/rollout-cuda.md' '$RESULTS/rollout-$gpu.md'"
