@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from student.model import ARCHITECTURES, StudentConfig
+from student.vllm_policy import EngineSettings
 from teacher.base import TEACHERS, TeacherConfig
 from teacher.prompt import PromptTemplate
 
@@ -61,18 +62,6 @@ class MethodConfig:
 
 
 @dataclass
-class VLLMConfig:
-    """The vLLM rollout engine's process (student/vllm_policy.py), one per rank."""
-    python: str = ""                         # its environment's python; "" = .venv-vllm (bootstrapped on first use)
-    cpus: str = ""                           # cores it runs on (taskset -c), e.g. "1"; "" = any
-    threads: int = 1                         # its torch / OpenMP threads
-    kv_cache_gb: int = 1                     # VLLM_CPU_KVCACHE_SPACE
-    startup_timeout_s: float = 300.0
-    request_timeout_s: float = 600.0         # a request taking longer: the engine is hung, the run stops
-    bucket_mb: int = 64                      # weight-sync bucket size
-
-
-@dataclass
 class RolloutConfig:
     prompts_per_step: int = 16
     attempts_per_prompt: int = 8             # G, the group size
@@ -82,7 +71,7 @@ class RolloutConfig:
     engine: str = "local"                    # what generates: "local" (the trainer's own policy, the lean
                                              # forward) or "vllm" (a vLLM engine process, weights pushed
                                              # after every update)
-    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    vllm: EngineSettings = field(default_factory=EngineSettings)   # student/vllm_policy.py
 
 
 @dataclass

@@ -126,13 +126,10 @@ class Trainer:
     def _vllm_policy(self, local):
         """A vLLM engine process for this rank, on the rollout model's weights, and the policy over
         it; `local` still answers what needs the trainer's forward (student/vllm_policy.py)."""
-        from student.vllm_policy import EngineSettings, VLLMEngine, VLLMPolicy
+        from student.vllm_policy import VLLMEngine, VLLMPolicy
 
-        v = self.cfg.rollout.vllm
-        settings = EngineSettings(python=v.python, cpus=v.cpus, threads=v.threads, kv_cache_gb=v.kv_cache_gb,
-                                  startup_timeout_s=v.startup_timeout_s, request_timeout_s=v.request_timeout_s,
-                                  bucket_mb=v.bucket_mb, dtype=self.cfg.student.dtype, seed=self.cfg.seed + self.rank)
-        engine = VLLMEngine(self.rollout.module, settings, self.run_dir / f"vllm-engine-rank{self.rank}.log")
+        engine = VLLMEngine(self.rollout.module, self.cfg.rollout.vllm, self.run_dir / f"vllm-engine-rank{self.rank}.log",
+                            dtype=self.cfg.student.dtype, seed=self.cfg.seed + self.rank)
         return engine, VLLMPolicy(engine, local, pad_id=self.tok.pad_id, banned_ids=self.tok.never_sampled)
 
     def _sync_rollout(self) -> None:

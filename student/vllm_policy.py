@@ -59,16 +59,15 @@ class VLLMEngineError(RuntimeError):
 
 @dataclass
 class EngineSettings:
-    python: str = ""                  # the vLLM environment's python; "" = <repo>/.venv-vllm/bin/python
-    cpus: str = ""                    # core list for the engine process (taskset -c), e.g. "1"; "" = any
-    threads: int = 1                  # the engine's torch/OpenMP threads
+    """The engine process's settings: `rollout.vllm.*` in a run's config (rl/config.py)."""
+    python: str = ""                  # its environment's python; "" = .venv-vllm (bootstrapped on first use)
+    cpus: str = ""                    # cores it runs on (taskset -c), e.g. "1"; "" = any
+    threads: int = 1                  # its torch / OpenMP threads
     kv_cache_gb: int = 1              # VLLM_CPU_KVCACHE_SPACE
     startup_timeout_s: float = 300.0
-    request_timeout_s: float = 600.0
+    request_timeout_s: float = 600.0  # a request taking longer: the engine is hung, the run stops
     bucket_mb: int = 64               # weight-sync bucket size
     max_engine_vocab: int = 4096      # engine scoring returns whole-vocabulary log-probs up to this
-    dtype: str = "float32"
-    seed: int = 0
 
 
 def _unpack(d: dict) -> np.ndarray:
@@ -121,8 +120,9 @@ def vllm_python(settings: EngineSettings) -> Path:
 class VLLMEngine:
     """The engine process: started with `module`'s weights, stopped by `close()` (or at exit)."""
 
-    def __init__(self, module: torch.nn.Module, settings: EngineSettings, log_path: Path):
-        self.settings, self.log_path = settings, Path(log_path)
+    def __init__(self, module: torch.nn.Module, settings: EngineSettings, log_path: Path, *,
+                 dtype: str = "float32", seed: int = 0):
+        self.settings, self.log_path, self.dtype, self.seed = settings, Path(log_path), dtype, seed
         self.vocab_size = module.config.vocab_size
         # Weight buckets go through shared memory when it has room for two copies of the model
         # (containers often give /dev/shm 64 MB), else through the temporary directory's disk.
@@ -131,7 +131,6 @@ class VLLMEngine:
         roomy = shm.is_dir() and shutil.disk_usage(shm).free > 2 * size
         self.shm = Path(tempfile.mkdtemp(prefix="hintrl-vllm-", dir=shm if roomy else None))
         self.process: subprocess.Popen | None = None
-        self.pushed = "initial"                 # the label of the weights the engine holds
         model_dir = self.shm / "model"
         try:
             write_model_folder(module, model_dir)
@@ -147,7 +146,7 @@ class VLLMEngine:
         s = self.settings
         self.port = _free_port()
         cmd = [str(vllm_python(s)), str(SERVER), "--model", str(model_dir), "--port", str(self.port),
-               "--dtype", s.dtype, "--seed", str(s.seed), "--threads", str(s.threads)]
+               "--dtype", self.dtype, "--seed", str(self.seed), "--threads", str(s.threads)]
         if s.cpus:
             cmd = ["taskset", "-c", s.cpus] + cmd
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
@@ -171,7 +170,6 @@ class VLLMEngine:
             if health is not None:
                 if health.get("reload_problem"):        # it could generate, but never take new weights
                     raise VLLMEngineError(f"rollout.engine=vllm: {health['reload_problem']}")
-                self.layers = health["layers"]
                 return
             if time.monotonic() > deadline:
                 self._kill()
@@ -261,7 +259,6 @@ class VLLMEngine:
         finally:
             for f in files:
                 Path(f["path"]).unlink(missing_ok=True)
-        self.pushed = label
         return time.perf_counter() - start
 
 
@@ -355,7 +352,7 @@ class VLLMPolicy:
     def score(self, prompts: list[list[int]], completion_NC: torch.Tensor, *, temperature: float = 1.0,
               need: str = "logprobs", k: int = 0, routes: Routes | None = None, router_aux: bool = False) -> Scores:
         if (torch.is_grad_enabled() or routes is not None or router_aux or need == "full"
-                or self.engine.vocab_size > self.settings_vocab_limit):
+                or self.engine.vocab_size > self.engine.settings.max_engine_vocab):
             return self.local.score(prompts, completion_NC, temperature=temperature, need=need, k=k,
                                     routes=routes, router_aux=router_aux)
         out = self.engine.post("/score", {"prompts": [list(map(int, p)) for p in prompts],
@@ -365,9 +362,6 @@ class VLLMPolicy:
         # removed is the policy's distribution exactly.
         return self.dist.scores(logp_NCV, lambda x: x, logp_NCV.size(-1), completion_NC, temperature, need, k)
 
-    @property
-    def settings_vocab_limit(self) -> int:
-        return self.engine.settings.max_engine_vocab
 
 
 __all__ = ["EngineSettings", "VLLMEngine", "VLLMEngineError", "VLLMPolicy", "checkpoint_tensors"]

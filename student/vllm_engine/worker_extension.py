@@ -40,11 +40,8 @@ def file_digest(path: str) -> str:
 
 def _moe_gates(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Each routed block's router, in layer order: a child named `gate` of a module with experts."""
-    gates = []
-    for name, module in model.named_modules():
-        if hasattr(module, "experts") and isinstance(getattr(module, "gate", None), torch.nn.Module):
-            gates.append(module.gate)
-    return gates
+    return [m.gate for m in model.modules()
+            if hasattr(m, "experts") and isinstance(getattr(m, "gate", None), torch.nn.Module)]
 
 
 def _fused_moe_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
