@@ -8,7 +8,8 @@ whole module on rank 0; stages 1-3 are consolidated from every rank's fp32 optim
 (DeepSpeed's zero_to_fp32), which is exact for fp32 and bf16 runs alike. With expert parallelism
 the experts come from each EP rank's shard file (student/expert_parallel.py). The exported config names
 no hintrl experts implementation, so plain transformers loads it; `student.checkpoint=OUT_DIR`
-trains from it again.
+trains from it again. The checkpoint's manifest is verified first, its files are read without
+unpickling code (student/safe_load.py), and the export is safetensors only.
 """
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from pathlib import Path
 
 import torch
 
-from rl.checkpoint import list_tags
+from rl.checkpoint import CheckpointError, list_tags, verify
 from rl.config import load_config
+from student import safe_load
 from student.model import model_config
 from student.tokenizer import ByteTokenizer
 
@@ -32,12 +34,12 @@ def consolidated_state_dict(run_dir: Path, tag: str, zero_stage: int) -> dict[st
 
         return {k: v.float() for k, v in full_state_dict_from_checkpoint(ckpt_dir / tag).items()}
     if zero_stage == 0:
-        states = torch.load(ckpt_dir / tag / "mp_rank_00_model_states.pt", map_location="cpu",
-                            weights_only=False)
+        states = safe_load.load(ckpt_dir / tag / "mp_rank_00_model_states.pt")
         return {k: v.float() for k, v in states["module"].items()}
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    return get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
+    with safe_load.weights_only_loads(ckpt_dir / tag):   # zero_to_fp32 itself unpickles freely
+        return get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
 
 
 def export(run_dir: str | Path, out_dir: str | Path, step: int | None = None) -> Path:
@@ -51,6 +53,9 @@ def export(run_dir: str | Path, out_dir: str | Path, step: int | None = None) ->
     tag = tags[-1] if step is None else f"step_{step:07d}"
     if tag not in tags:
         raise FileNotFoundError(f"{run_dir / 'checkpoints' / tag}: no such checkpoint; have {tags}")
+    problem = verify(run_dir / "checkpoints" / tag)
+    if problem:
+        raise CheckpointError(f"{run_dir / 'checkpoints' / tag}: not exported: {problem}")
     tok = ByteTokenizer()
     if cfg.student.checkpoint:
         from transformers import AutoConfig

@@ -7,29 +7,47 @@
                             checkpoints/
 
 On resume, lines past the checkpoint's step are dropped first, so the files read as if the run
-had never stopped.
+had never stopped. A run killed mid-write leaves a partial last line, which is dropped too; the
+truncated file replaces the old one by rename, so a kill during the truncation loses nothing.
 """
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
+
+from rl import failpoints
 
 
 def _truncate_jsonl(path: Path, last_step: int) -> None:
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines()
-            if line.strip() and json.loads(line)["step"] <= last_step]
-    path.write_text("".join(line + "\n" for line in kept))
+    lines = path.read_text().splitlines()
+    kept = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            if number == len(lines):    # the line a kill cut short
+                break
+            raise ValueError(f"{path}:{number} is not JSON; the run log is damaged") from None
+        if record["step"] <= last_step:
+            kept.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    failpoints.reach("runlog.before_replace")
+    os.replace(tmp, path)
 
 
 class RunLogger:
     def __init__(self, run_dir: Path, config_yaml: str, resume_step: int | None = None):
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(config_yaml)
+        tmp = run_dir / "config.yaml.tmp"   # by rename: a resume reads it back, so never half a file
+        tmp.write_text(config_yaml)
+        os.replace(tmp, run_dir / "config.yaml")
         self.metrics_path = run_dir / "metrics.jsonl"
         self.rollouts_path = run_dir / "rollouts.jsonl"
         if resume_step is not None:

@@ -22,7 +22,8 @@ from rl.checkpoint import list_tags
 
 
 def resolve_run_dir(cfg: RunConfig) -> Path:
-    """Sets cfg.run_name; with resume=true, finds the run (named, or the newest with a checkpoint)."""
+    """Sets cfg.run_name; with resume=true, finds the run (named, or the newest with a checkpoint).
+    A named run with no checkpoint yet starts over, so `resume=true run_name=X` always works."""
     base = Path(cfg.output_dir) / cfg.experiment
     if cfg.resume:
         if cfg.run_name:
@@ -34,8 +35,11 @@ def resolve_run_dir(cfg: RunConfig) -> Path:
             if list_tags(run_dir / "checkpoints"):
                 cfg.run_name = run_dir.name
                 return run_dir
-        raise ConfigError(f"resume=true: no run with a checkpoint under {base}"
-                          + (f" named {cfg.run_name!r}" if cfg.run_name else ""))
+        if cfg.run_name:
+            # Named, without a checkpoint: killed before its first one (or never started), so the
+            # trainer starts it over; an automatic restart may always pass resume=true.
+            return base / cfg.run_name
+        raise ConfigError(f"resume=true: no run with a checkpoint under {base} (name one with run_name=...)")
     if not cfg.run_name:
         cfg.run_name = f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.method.name}-s{cfg.seed}"
     run_dir = base / cfg.run_name
@@ -73,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         if not launched and cfg.launcher.nnodes > 1 and not cfg.run_name:
             raise ConfigError("launcher.nnodes > 1: pass the same run_name=... on every node")
         run_dir = resolve_run_dir(cfg)
-        if cfg.resume:
+        if cfg.resume and (run_dir / "config.yaml").is_file():
             # A resumed run keeps the config it started with; overrides still apply on top.
             cfg = load_config(run_dir, args.overrides)
             cfg.run_name = run_dir.name
@@ -86,6 +90,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {err}", file=sys.stderr)
         return 2
 
+    try:   # a read-only or missing output folder stops here, before any work
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        print(f"run folder error: cannot write {run_dir}: {err.strerror or err}", file=sys.stderr)
+        return 1
+
     # After a resume's reload: `resume=true` alone relaunches a run on the ranks it was saved with.
     if world > 1 and not launched:
         cmd = launch_command(cfg, args.experiment, args.overrides)
@@ -93,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         return subprocess.call(cmd)
 
     from rl.trainer import Trainer   # heavy imports only once the config is known to be good
+    from rl.checkpoint import CheckpointError
+    from student.safe_load import UnsafeCheckpointError
     from student.vllm_policy import VLLMEngineError
 
     try:
@@ -106,6 +121,17 @@ def main(argv: list[str] | None = None) -> int:
         # The engine is gone or wedged: stop with its message (which names its log), not a traceback.
         print(f"rollout engine error: {err}\nrun folder: {run_dir} (resume=true continues from its last "
               f"checkpoint)", file=sys.stderr)
+        return 1
+    except (CheckpointError, UnsafeCheckpointError) as err:
+        print(f"checkpoint error: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:
+        if run_dir.exists() and not str(err.filename or "").startswith(str(run_dir)):
+            raise     # not the run folder's trouble
+        what = (f"{run_dir} was deleted while the run was going (its checkpoints with it)" if not run_dir.exists()
+                else f"cannot write {err.filename}: {err.strerror or err}; resume=true continues from the last "
+                     "checkpoint once it can be written")
+        print(f"run folder error: {what}", file=sys.stderr)
         return 1
     if trainer.is_main and cfg.trainer.export_to:
         from rl.export import export     # reads the final checkpoint, which every rank has written

@@ -21,6 +21,7 @@ over ranks; rank 0 writes the run folder.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import time
@@ -103,12 +104,20 @@ class Trainer:
                                  pad_id=self.tok.pad_id, temperature=cfg.rollout.temperature)
         self.ckpt_dir = run_dir / "checkpoints"
         self.step, self.nonfinite_streak, resume_step = 0, 0, None
-        if cfg.resume:
-            self.step, self.tasks.cursor, state, path = checkpoint.load(self.engine, self.ckpt_dir, self.rng)
+        restored = checkpoint.load(self.engine, self.ckpt_dir, self.rng) if cfg.resume else None
+        if restored is not None:
+            self.step, self.tasks.cursor, state, path = restored
             self.budget.load(state.get("budget"))
             self.teacher_weights.load(path)
             resume_step = self.step
+        elif cfg.resume:
+            # Killed before its first checkpoint was complete: nothing to continue, so the run starts
+            # over (resume_step -1 clears what it had logged).
+            resume_step = -1
+            if self.is_main:
+                tqdm.write(f"[checkpoint] {self.ckpt_dir}: no complete checkpoint; starting the run over")
         self.log = RunLogger(run_dir, to_yaml(cfg), resume_step) if self.is_main else None
+        self.config_hash = hashlib.sha256(to_yaml(cfg).encode()).hexdigest()[:16]
         self.n_params = count_parameters(self.rollout.module)
 
     def _policies(self):
@@ -175,7 +184,7 @@ class Trainer:
                 if self.step % cfg.trainer.checkpoint_every == 0 or self.step == self.total_steps:
                     checkpoint.save(self.engine, self.ckpt_dir, self.step, self.tasks.cursor,
                                     self.rng, cfg.trainer.keep_checkpoints, state={"budget": self.budget.state()},
-                                    write=self.teacher_weights.save)
+                                    write=self.teacher_weights.save, meta={"config_sha256": self.config_hash})
                 bar.update(1)
                 bar.set_postfix(phase="warm" if in_warmstart else "rl",
                                 reward=f"{metrics.get('train/reward_mean', float('nan')):.2f}",

@@ -62,6 +62,7 @@ import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
 
 from kernels import ops
+from student import safe_load
 from student.experts import expert_mlp
 
 SHARD_FILE = "expert_shard_ep{rank}.pt"
@@ -275,7 +276,7 @@ def load_expert_shard(model: torch.nn.Module, tag_dir: str | Path) -> None:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no expert shard for EP rank {mine['ep_rank']} (was the checkpoint "
                                 f"saved with expert_parallel_size={mine['ep_size']}?)")
-    saved = torch.load(path, map_location="cpu", weights_only=True)
+    saved = safe_load.load(path)
     if (saved["ep_size"], saved["num_experts"]) != (mine["ep_size"], mine["num_experts"]):
         raise ValueError(f"{path}: saved with ep_size={saved['ep_size']}, {saved['num_experts']} experts; "
                          f"this model has ep_size={mine['ep_size']}, {mine['num_experts']} experts")
@@ -288,11 +289,11 @@ def full_state_dict_from_checkpoint(tag_dir: str | Path) -> dict[str, torch.Tens
     """HF state dict with every expert from a DeepSpeed checkpoint folder (ZeRO 0-2) saved with
     save_expert_shard; runs in one process, no process group needed."""
     tag_dir = Path(tag_dir)
-    module = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
+    module = safe_load.load(tag_dir / "mp_rank_00_model_states.pt")["module"]
     shards = sorted(tag_dir.glob(SHARD_FILE.format(rank="*")))
     if not shards:
         return dict(module)
-    payloads = sorted((torch.load(p, map_location="cpu", weights_only=True) for p in shards),
+    payloads = sorted((safe_load.load(p) for p in shards),
                       key=lambda s: s["ep_rank"])
     ep = payloads[0]["ep_size"]
     if [s["ep_rank"] for s in payloads] != list(range(ep)):
