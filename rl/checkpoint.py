@@ -138,7 +138,7 @@ def save(engine, ckpt_dir: Path, step: int, cursor: int, rng: random.Random, kee
     tag = _tag(step)
     final, partial = ckpt_dir / tag, ckpt_dir / (PARTIAL + tag)
     if dist.rank() == 0:
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        ckpt_dir.mkdir(exist_ok=True)     # not parents: a run folder deleted mid-run stays gone
         for stale in ckpt_dir.glob(PARTIAL + "*"):      # left by a save that was killed
             shutil.rmtree(stale, ignore_errors=True)
     dist.barrier()

@@ -89,7 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
     args = parser.parse_args(argv)
-    out = export(args.run_dir, args.out_dir, args.step)
+    try:
+        out = export(args.run_dir, args.out_dir, args.step)
+    except (CheckpointError, safe_load.UnsafeCheckpointError, FileNotFoundError) as err:
+        print(f"export error: {err}", file=sys.stderr)
+        return 1
     print(f"exported {args.run_dir} -> {out}\n"
           f"  AutoModelForCausalLM.from_pretrained({str(out)!r}); vllm serve {out}")
     return 0

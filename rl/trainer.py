@@ -21,6 +21,7 @@ over ranks; rank 0 writes the run folder.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import random
@@ -179,6 +180,9 @@ class Trainer:
                     metrics.update(last_eval)
                 if self.vllm is not None:
                     metrics["time/weight_sync_s"], self._sync_seconds = self._sync_seconds, 0.0
+                if not self.run_dir.is_dir():
+                    # deleted under us: appending would quietly start a new, partial run folder
+                    raise FileNotFoundError(errno.ENOENT, "the run folder is gone", str(self.run_dir))
                 if self.is_main:
                     self.log.log_metrics(self.step, metrics)
                 if self.step % cfg.trainer.checkpoint_every == 0 or self.step == self.total_steps:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One prepared GPU check, sized for one short GPU session (one 10-minute command on a fresh machine):
 # build the CUDA kernels for the visible GPU, test them, benchmark the MoE layer, train the default
-# experiment on CUDA, a few ZeRO-2 bf16 steps of a ~200M-parameter student, and the vLLM rollout
+# experiment on CUDA, resume on CUDA, a few ZeRO-2 bf16 steps of a ~200M-parameter student, and the vLLM rollout
 # engine. Each step has its own time limit and log; a failing step is recorded and the next runs.
 #
 #   scripts/gpu_check.sh             run everything; results in $OUT (the device tool's folder) or
@@ -93,6 +93,11 @@ step default_train 90 "experiments/default/config.yaml experiments/default/compa
   "$PY -m rl.train experiments/default warmstart.steps=200 trainer.steps=100 trainer.eval_every=100 \
    output_dir=$TMP/runs run_name=gpu && $PY experiments/default/compare_engines.py $TMP/runs/default/gpu \
    --out '$RESULTS/train-$gpu.json'"
+
+# resume on CUDA: a run stopped mid-RL and resumed equals the uninterrupted one, sample for sample
+# (the checkpoint carries the CUDA generators' states, rl/checkpoint.py)
+step gpu_resume 40 "tests/test_train_e2e.py" \
+  "$PY -m pytest -q -p no:cacheprovider 'tests/test_train_e2e.py::test_resume_mid_rl_is_bit_identical[hint_distill-ema]'"
 
 # a ~200M-parameter student (benchmarks/rollout.py's largest) for a few ZeRO-2 bf16 steps
 step large_student 60 "experiments/default/config.yaml" \

@@ -22,7 +22,7 @@ def test_the_gpu_check_dry_run_lists_every_step_within_one_device_command():
     out = _run(["bash", "scripts/gpu_check.sh", "--dry-run"])
     assert out.returncode == 0, out.stderr
     steps = [line.split()[3] for line in out.stdout.splitlines() if line.startswith("[gpu_check] would run")]
-    assert steps == ["build", "kernel_tests", "moe_bench", "default_train", "large_student", "vllm"]
+    assert steps == ["build", "kernel_tests", "moe_bench", "default_train", "gpu_resume", "large_student", "vllm"]
     assert "every input is present" in out.stdout
     limit = int(next(line for line in out.stdout.splitlines() if "add up to" in line).split("add up to ")[1].split("s")[0])
     assert limit <= 600
