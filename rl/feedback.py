@@ -6,12 +6,14 @@ distilling methods (rl/methods/hint_distill.py scores the student's own tokens u
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from rl.episodes import Transcript, hinted_context
 from rl.tasks import Problem, Verdict
 from student.tokenizer import ByteTokenizer
 from teacher import HintRequest, LeakGuard, Teacher
+from teacher.base import TEACHER_FAULTS
 
 
 @dataclass
@@ -24,9 +26,17 @@ class HintedRows:
     starts: list[int] = field(default_factory=list)    # per row: where the target message starts in the completion
     errors: dict[int, str] = field(default_factory=dict)    # row -> "malformed" | "teacher_error" | "leak"
     replies: dict[int, str] = field(default_factory=dict)   # row -> a model teacher's raw reply
+    faults: dict[int, str] = field(default_factory=dict)    # "teacher_error" row -> why (TEACHER_FAULTS)
 
     def count(self, error: str) -> int:
         return sum(e == error for e in self.errors.values())
+
+    def fault_counts(self) -> dict[str, int]:
+        """hint/teacher_errors/<fault> for every fault, zeros included: every step of an endpoint
+        teacher logs the same keys (averaging over ranks needs them); they add up to
+        hint/teacher_errors."""
+        counts = Counter(self.faults.values())
+        return {f"hint/teacher_errors/{fault}": counts[fault] for fault in TEACHER_FAULTS}
 
 
 def request_for(problem: Problem, attempt: str, verdict: Verdict, messages: list[dict] | None = None) -> HintRequest:
@@ -63,6 +73,8 @@ def hint_failed_attempts(teacher: Teacher, guard: LeakGuard, tok: ByteTokenizer,
             out.replies[i] = hint.reply
         if hint is not None and hint.error:
             out.errors[i] = hint.error
+            if hint.error == "teacher_error":
+                out.faults[i] = hint.fault if hint.fault in TEACHER_FAULTS else "other"
         text = guard.filter(hint.text if hint else None, problems[i].answer, problems[i].prompt)
         if text is None:
             if hint is not None and hint.text:

@@ -433,6 +433,8 @@ class Trainer:
             # Failed attempts left without a hint because the teacher failed (counts per step).
             stats["hint/malformed"] = hinted.count("malformed")
             stats["hint/teacher_errors"] = hinted.count("teacher_error")
+            if self.cfg.teacher.kind == "openai":   # the backend whose requests fail in named ways
+                stats.update(hinted.fault_counts())
         return stats
 
     def _log_rollouts(self, batch: Batch) -> None:

@@ -32,6 +32,13 @@ class Hint:
     text: str
     error: str = ""               # "" | "malformed" (unparseable reply) | "teacher_error" (no reply)
     reply: str = ""               # a language-model teacher's raw reply
+    fault: str = ""               # teacher_error: why no reply came, one of TEACHER_FAULTS
+
+
+# Why a teacher gave no reply (`Hint.fault`), as teacher/openai_api.py classifies a failed request.
+# The run counts each as hint/teacher_errors/<fault>; together they make hint/teacher_errors.
+TEACHER_FAULTS = ("timeout", "http_5xx", "http_4xx", "malformed_reply", "connection_cut", "refused",
+                  "skipped", "other")
 
 
 @dataclass
@@ -51,7 +58,7 @@ class TeacherConfig:
     base_url: str = ""            # openai: e.g. http://127.0.0.1:8000/v1
     api_key_env: str = ""         # openai: environment variable holding the key ("" = none)
     concurrency: int = 8          # openai: requests in flight
-    timeout_s: float = 30.0       # openai: per request
+    timeout_s: float = 30.0       # openai: per try, for the whole reply
     retries: int = 2              # openai: extra tries per request, with exponential backoff
     backoff_s: float = 0.5        # openai: first backoff; doubles each retry
     cooldown_s: float = 30.0      # openai: after repeated failures, skip the endpoint this long

@@ -103,8 +103,8 @@ class HFTeacher(ChatTeacher):
                                top_p=None, top_k=None, pad_token_id=self.tokenizer.pad_token_id)
 
     @torch.inference_mode()
-    def complete(self, chats: list[list[dict]]) -> list[str | None]:
-        replies: list[str | None] = []
+    def complete(self, chats: list[list[dict]]) -> list[str]:
+        replies: list[str] = []
         for start in range(0, len(chats), self.cfg.batch_size):
             texts = [self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
                      for chat in chats[start:start + self.cfg.batch_size]]

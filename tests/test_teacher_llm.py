@@ -146,6 +146,9 @@ def test_openai_teacher_down_endpoint_counts_errors_and_warns_once(capfd):
     second = teacher.write_hints(REQUESTS)               # endpoint skipped during the cool-down
     assert time.perf_counter() - start < 5
     assert all(h.error == "teacher_error" and h.text == "" for h in first + second)
+    # the first two fail (= concurrency: the cool-down starts), the rest may already be skipped
+    assert [h.fault for h in first[:2]] == ["refused"] * 2 and {h.fault for h in first} <= {"refused", "skipped"}
+    assert [h.fault for h in second] == ["skipped"] * len(REQUESTS)
     assert capfd.readouterr().err.count("[teacher]") == 1
 
 
@@ -178,7 +181,7 @@ def test_openai_teacher_slow_endpoint_times_out():
         for conn in held:
             conn.close()
         listener.close()
-    assert [h.error for h in hints] == ["teacher_error"] * len(REQUESTS)
+    assert [(h.error, h.fault) for h in hints] == [("teacher_error", "timeout")] * len(REQUESTS)
     assert 0.9 < elapsed < 5                             # two tries of 0.5 s each, in parallel
 
 
