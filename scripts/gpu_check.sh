@@ -39,7 +39,9 @@ else
     # scripts/gpu_wheels.sh prepared and the device call carried
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/hintrl-site .whl/*.whl
     export PYTHONPATH="/tmp/hintrl-site:$ROOT" DS_ACCELERATOR=cuda
-    mkdir -p /tmp/hintrl-bin && ln -sf "$(command -v python3)" /tmp/hintrl-bin/python && export PATH="/tmp/hintrl-bin:$PATH"
+    # `python` for the steps: a wrapper, not a symlink (a symlinked venv python loses its venv)
+    mkdir -p /tmp/hintrl-bin && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > /tmp/hintrl-bin/python
+    chmod +x /tmp/hintrl-bin/python && export PATH="/tmp/hintrl-bin:$PATH"
   else
     source scripts/bootstrap.sh
   fi
@@ -56,6 +58,8 @@ TMP=$(mktemp -d)
 # its output in $RESULTS/NAME.log; INPUTS (paths, space-separated) must exist.
 step() {
   local name=$1 limit=$2 inputs=$3 cmd=$4 start rc
+  # GPU_CHECK_STEPS="build gpu_resume ...": only these (e.g. to rerun what failed in less device time)
+  if [ -n "${GPU_CHECK_STEPS:-}" ] && [[ " $GPU_CHECK_STEPS " != *" $name "* ]]; then return 0; fi
   budget=$((budget + limit))
   for path in $inputs; do
     if [ ! -e "$path" ]; then echo "[gpu_check] $name: missing input $path" >&2; missing=$((missing + 1)); fi
@@ -75,39 +79,39 @@ step() {
   summary+=("| $name | $([ $rc = 0 ] && echo ok || { [ $rc = 124 ] && echo "timed out" || echo "failed ($rc)"; }) | ${took}s |")
 }
 
-step build 150 "setup.py kernels/csrc" \
+step build 100 "setup.py kernels/csrc" \
   'arch=$(python -c "import torch; c = torch.cuda.get_device_capability(); print(f\"{c[0]}.{c[1]}\")")
    TORCH_CUDA_ARCH_LIST="$arch" MAX_JOBS="${MAX_JOBS:-8}" python setup.py build_ext --inplace && python -m kernels.info'
 
 # the CUDA kernels against their references and the CPU build; our experts against transformers'
 # eager on every MoE family the CPU tests cover
-step kernel_tests 90 "tests/test_kernels_cuda.py tests/test_kernels_ops.py tests/test_experts_parity.py" \
+step kernel_tests 60 "tests/test_kernels_cuda.py tests/test_kernels_ops.py tests/test_experts_parity.py" \
   "$PY -m pytest -q -p no:cacheprovider tests/test_kernels_cuda.py tests/test_kernels_ops.py tests/test_experts_parity.py"
 
-step moe_bench 90 "benchmarks/moe.py" \
+step moe_bench 120 "benchmarks/moe.py" \
   "$PY -m benchmarks.moe --device cuda --iters 3 && cp benchmarks/results/moe-cuda.json '$RESULTS/moe-$gpu.json' \
    && cp benchmarks/results/moe-cuda.md '$RESULTS/moe-$gpu.md'"
 
 # the default experiment on CUDA for a few hundred steps (CPU: experiments/default/README.md)
-step default_train 90 "experiments/default/config.yaml experiments/default/compare_engines.py" \
+step default_train 70 "experiments/default/config.yaml experiments/default/compare_engines.py" \
   "$PY -m rl.train experiments/default warmstart.steps=200 trainer.steps=100 trainer.eval_every=100 \
    output_dir=$TMP/runs run_name=gpu && $PY experiments/default/compare_engines.py $TMP/runs/default/gpu \
    --out '$RESULTS/train-$gpu.json'"
 
 # resume on CUDA: a run stopped mid-RL and resumed equals the uninterrupted one, sample for sample
 # (the checkpoint carries the CUDA generators' states, rl/checkpoint.py)
-step gpu_resume 40 "tests/test_train_e2e.py" \
+step gpu_resume 100 "tests/test_train_e2e.py" \
   "$PY -m pytest -q -p no:cacheprovider 'tests/test_train_e2e.py::test_resume_mid_rl_is_bit_identical[hint_distill-ema]'"
 
 # a ~200M-parameter student (benchmarks/rollout.py's largest) for a few ZeRO-2 bf16 steps
-step large_student 60 "experiments/default/config.yaml" \
+step large_student 50 "experiments/default/config.yaml" \
   "$PY -m rl.train experiments/default student.hidden_size=1024 student.num_layers=8 student.num_heads=16 \
    student.num_kv_heads=8 student.num_experts=16 student.expert_width=448 deepspeed.zero_stage=2 \
    deepspeed.dtype=bf16 warmstart.steps=3 trainer.steps=3 trainer.eval_every=3 task.eval_size=16 \
    output_dir=$TMP/runs run_name=large"
 
 # the vLLM rollout engine (rollout.engine=vllm): its environment, its tests, rollout throughput
-step vllm 80 "scripts/bootstrap_vllm.sh tests/test_vllm_engine.py benchmarks/rollout.py" \
+step vllm 100 "scripts/bootstrap_vllm.sh tests/test_vllm_engine.py benchmarks/rollout.py" \
   "bash scripts/bootstrap_vllm.sh && $PY -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py \
    && $PY -m benchmarks.rollout --repeats 2 --out '$RESULTS' && mv '$RESULTS/rollout-cuda.json' '$RESULTS/rollout-$gpu.json' \
    && mv '$RESULTS/rollout-cuda.md' '$RESULTS/rollout-$gpu.md'"

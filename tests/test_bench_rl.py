@@ -13,14 +13,14 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import CHILD_PYTHONPATH, ROOT
 
 HAS_TRL = importlib.util.find_spec("trl") is not None
 
 
 def run_bench(work, contenders, steps=2, rounds=1):
     """The parsed rl-cpu.json of a partial run, and the run's stderr (its progress bars)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    env = dict(os.environ, PYTHONPATH=CHILD_PYTHONPATH, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
     res = subprocess.run([sys.executable, "-m", "benchmarks.rl", "--tiny", "--steps", str(steps),
                           "--rounds", str(rounds), "--contenders", contenders, "--work", str(work)],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

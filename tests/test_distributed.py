@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY, run_cli
+from conftest import CHILD_PYTHONPATH, TINY, run_cli
 
 pytestmark = pytest.mark.slow   # every test here launches two ranks (torchrun), most of them whole runs
 
@@ -152,7 +152,7 @@ def test_launcher_rank_count_must_match_the_config(tmp_path):
     import sys
 
     from conftest import ROOT
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=CHILD_PYTHONPATH, OMP_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                           "--master_port=0", "-m", "rl.train", "experiments/default", *TINY,
                           f"output_dir={tmp_path}"], cwd=ROOT, env=env, capture_output=True, text=True,

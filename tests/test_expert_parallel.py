@@ -176,7 +176,9 @@ def worker(out_dir: str, ep_size: int, zero_stage: int, opt_name: str, archs: st
 # -- tests -------------------------------------------------------------------------------------
 
 def launch(tmp_path: Path, nproc: int, ep_size: int, zero_stage: int, opt_name: str, archs=()) -> list[dict]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", PYTHONPATH=str(ROOT))
+    from conftest import CHILD_PYTHONPATH   # here: torchrun also runs this file as a script
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", PYTHONPATH=CHILD_PYTHONPATH)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
            "--master_port", str(free_port()), __file__, str(tmp_path), str(ep_size), str(zero_stage),
            opt_name, ",".join(archs)]

@@ -18,7 +18,7 @@ import urllib.request
 
 import pytest
 
-from conftest import ROOT, TINY
+from conftest import CHILD_PYTHONPATH, ROOT, TINY
 from rl.distributed import free_port
 from teacher import HintRequest, TeacherConfig, build_teacher
 from teacher.hf import prepare_model
@@ -271,7 +271,7 @@ def test_run_survives_server_killed_mid_run(smol_folder, tmp_path):
             "teacher.kind=openai", f"teacher.base_url=http://127.0.0.1:{relay.port}/v1",
             f"teacher.model={smol_folder}", f"teacher.prompt_template={template}", "teacher.max_new_tokens=12",
             "teacher.timeout_s=60", "teacher.retries=1", "teacher.backoff_s=0.1", "teacher.concurrency=2"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=CHILD_PYTHONPATH, OMP_NUM_THREADS="1")
     stdout_path, stderr_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     with open(stdout_path, "w") as stdout_f, open(stderr_path, "w") as stderr_f:   # files: no pipe to fill
         run = subprocess.Popen([sys.executable, "-m", "rl.train", *args], cwd=ROOT, env=env,

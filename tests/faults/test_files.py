@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, TINY, run_cli
+from conftest import CHILD_PYTHONPATH, ROOT, TINY, run_cli
 from rl.checkpoint import MANIFEST, list_tags, verify
 
 pytestmark = pytest.mark.slow
@@ -104,7 +104,7 @@ def test_read_only_output_folder_is_one_clear_line(tmp_path, record):
 
 
 def test_output_folder_deleted_mid_run_is_one_clear_line(tmp_path, record):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=CHILD_PYTHONPATH, OMP_NUM_THREADS="1")
     run_dir = tmp_path / "default" / "r"
     proc = subprocess.Popen([sys.executable, "-m", "rl.train", "experiments/default", *RUN, "trainer.steps=40",
                              f"output_dir={tmp_path}", "run_name=r"], cwd=ROOT, env=env,
@@ -236,7 +236,7 @@ def test_a_malicious_pickle_is_refused_not_run(finished_run, tmp_path, record):
     line = _one_clear_line(out.stderr, "checkpoint error:")
     assert "refused to load" in line and "system" in line and str(tag) in line, line
     assert not marker.exists(), "the pickle ran"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=CHILD_PYTHONPATH, OMP_NUM_THREADS="1")
     export = subprocess.run([sys.executable, "-m", "rl.export", str(finished_run), str(tmp_path / "export")],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert export.returncode == 1

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TINY
+from conftest import CHILD_PYTHONPATH, ROOT, TINY
 from rl.checkpoint import list_tags, verify
 
 pytestmark = pytest.mark.slow
@@ -65,7 +65,7 @@ class Chain:
     def start(self, kill_at: str = "") -> subprocess.Popen:
         resume = ["resume=true"] if self.segments else []
         self.segments += 1
-        env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", HINTRL_KILL_AT=kill_at,
+        env = dict(os.environ, PYTHONPATH=CHILD_PYTHONPATH, OMP_NUM_THREADS="1", HINTRL_KILL_AT=kill_at,
                    HINTRL_FAULT_TRIAL=self.marker)
         return subprocess.Popen([sys.executable, "-m", "rl.train", "experiments/default", *RUN, *self.extra,
                                  f"output_dir={self.base}", f"run_name={self.name}", *resume],

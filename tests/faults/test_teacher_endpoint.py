@@ -17,7 +17,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import ROOT, TINY
+from conftest import CHILD_PYTHONPATH, ROOT, TINY
 from rl.distributed import free_port
 from rl.feedback import hint_failed_attempts
 from rl.tasks import Problem, Verdict
@@ -317,7 +317,7 @@ def test_run_counts_every_fault_and_finishes(tmp_path, record):
             "teacher.kind=openai", f"teacher.base_url={server.url}", "teacher.model=m",
             "teacher.timeout_s=0.5", "teacher.retries=1", "teacher.backoff_s=0.05",
             "teacher.concurrency=2", "teacher.cooldown_s=0.001"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=CHILD_PYTHONPATH, OMP_NUM_THREADS="1")
     start = time.perf_counter()
     try:
         run = subprocess.run([sys.executable, "-m", "rl.train", *args], cwd=ROOT, env=env,
