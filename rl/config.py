@@ -8,6 +8,11 @@ the key. The resolved config is saved in the run folder; code reads attributes, 
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
+import functools
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -15,6 +20,7 @@ from typing import Any, ClassVar
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+from omegaconf.nodes import BooleanNode
 
 from student.model import ARCHITECTURES, StudentConfig
 from student.vllm_policy import EngineSettings
@@ -151,10 +157,61 @@ class ConfigError(ValueError):
 
 def _describe(err: OmegaConfBaseException) -> str:
     key = getattr(err, "full_key", None)
-    msg = str(err).splitlines()[0]
+    msg = (str(err).splitlines() or [type(err).__name__])[0]
     if isinstance(err, ConfigKeyError):
         return f"unknown key '{key}'"
     return f"key '{key}': {msg}" if key else msg
+
+
+def _missing_values(layer: Any, prefix: str = "") -> None:
+    """`???` is OmegaConf's "missing": a merge skips it, so the value typed would be dropped unsaid."""
+    for key, value in (layer.items() if isinstance(layer, dict) else ()):
+        if isinstance(value, str) and value == "???":
+            raise ConfigError(f"key '{prefix}{key}': '???' (OmegaConf's missing value) is not a value")
+        _missing_values(value, f"{prefix}{key}.")
+
+
+def _check_layer(base: DictConfig, layer: Any, prefix: str = "") -> None:
+    """What OmegaConf's merge would report without the key, or take silently: a scalar (or list)
+    where a section or a mapping belongs, a list or mapping as a value of a typed mapping, and an
+    integer other than 0 or 1 for a bool (OmegaConf reads any integer as true). Unknown keys are
+    left to the merge, which names them."""
+    if not isinstance(layer, dict):
+        return
+    for key, value in layer.items():
+        if not isinstance(key, str) or key not in base:
+            continue
+        full, node = f"{prefix}{key}", base._get_node(key)
+        if isinstance(node, DictConfig):
+            section = dataclasses.is_dataclass(node._metadata.object_type)
+            if value is not None and not isinstance(value, dict):
+                raise ConfigError(f"key '{full}' is a {'section' if section else 'mapping'}: give it keys "
+                                  f"({full}.KEY=VALUE or {full}={{KEY: VALUE}}), not {type(value).__name__} {value!r}")
+            if section:
+                _check_layer(node, value, f"{full}.")
+            elif value and node._metadata.element_type in (int, float, bool, str):
+                # A typed mapping (task.mix: name -> float): OmegaConf lets a list or mapping in.
+                for name, item in value.items():
+                    if isinstance(item, (dict, list)):
+                        raise ConfigError(f"key '{full}.{name}': {type(item).__name__} {item!r} is not a "
+                                          f"{node._metadata.element_type.__name__}")
+        elif isinstance(node, BooleanNode) and type(value) is int and value not in (0, 1):
+            raise ConfigError(f"key '{full}': {value} is not a bool (true or false)")
+
+
+@functools.lru_cache(maxsize=None)
+def _structured(cls: type) -> DictConfig:
+    """OmegaConf.structured(cls), built once (~15 ms for RunConfig): callers only read it, or copy
+    it (OmegaConf.merge copies its first argument)."""
+    return OmegaConf.structured(cls)
+
+
+@functools.lru_cache(maxsize=None)
+def _defaults() -> DictConfig:
+    """The schema defaults, the method section typed by its default method; load_config copies it."""
+    cfg = OmegaConf.structured(RunConfig)
+    cfg.method = _method_schema(cfg, cfg.method.name)
+    return cfg
 
 
 def _method_schema(cfg: DictConfig, name: str) -> DictConfig:
@@ -165,9 +222,9 @@ def _method_schema(cfg: DictConfig, name: str) -> DictConfig:
     name keeps the common keys (validate() names the error)."""
     from rl.methods import METHODS
 
-    schema = OmegaConf.structured(METHODS[name].Config if name in METHODS else MethodConfig)
+    schema = _structured(METHODS[name].Config if name in METHODS else MethodConfig)
     old = cfg.method.name
-    old_defaults = OmegaConf.structured(METHODS[old].Config if old in METHODS else MethodConfig)
+    old_defaults = _structured(METHODS[old].Config if old in METHODS else MethodConfig)
     kept = {k: v for k, v in OmegaConf.to_container(cfg.method).items()
             if k in schema and (k not in old_defaults or v != old_defaults[k])}
     return OmegaConf.merge(schema, {**kept, "name": name})
@@ -182,29 +239,38 @@ def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
     `task.config` starts from an empty one (the old task's settings would not fit the new task).
     The bucket set and the mixes (REPLACED) are replaced, not merged key by key: `warmstart.mix:
     {easy: 1}` over a base's `{easy: 1, hard: 1}` means the easy bucket alone."""
-    layer = OmegaConf.create(layer) if not isinstance(layer, DictConfig) else layer
     try:
+        layer = OmegaConf.create(layer) if not isinstance(layer, DictConfig) else layer
+        plain = OmegaConf.to_container(layer, resolve=False)
+        _missing_values(plain)
+        _check_layer(base, plain)
         method_name = OmegaConf.select(layer, "method.name", default=None)
-        if method_name is not None and method_name != base.method.name:
-            base = OmegaConf.merge(base, {})          # a copy: retyping must not touch the caller's config
-            base.method = _method_schema(base, str(method_name))
-        for key in REPLACED:
-            if OmegaConf.select(layer, key, default=None) is not None:
-                base = OmegaConf.merge(base, {})
+        retype = method_name is not None and method_name != base.method.name
+        replaced = [key for key in REPLACED if OmegaConf.select(layer, key, default=None) is not None]
+        task_name = OmegaConf.select(layer, "task.name", default=None)
+        new_task = (task_name is not None and task_name != base.task.name
+                    and OmegaConf.select(layer, "task.config", default=None) is None)
+        if retype or replaced or new_task:
+            base = OmegaConf.merge(base, {})          # one copy: the changes must not touch the caller's config
+            if retype:
+                base.method = _method_schema(base, str(method_name))
+                _check_layer(base, plain)             # again, against the method's own keys
+            for key in replaced:
                 section, name = key.split(".")
                 base[section][name] = {}
-        task_name = OmegaConf.select(layer, "task.name", default=None)
-        if (task_name is not None and task_name != base.task.name
-                and OmegaConf.select(layer, "task.config", default=None) is None):
-            base = OmegaConf.merge(base, {})
-            base.task.config = {}
+            if new_task:
+                base.task.config = {}
         return OmegaConf.merge(base, layer)
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
     except OmegaConfBaseException as err:
         message = _describe(err)
         if isinstance(err, ConfigKeyError) and str(getattr(err, "full_key", "")).startswith("method."):
             message += (f" (method {base.method.name!r} has: {', '.join(sorted(base.method))}; "
                         "each method's keys are in rl/methods/<name>.py)")
         raise ConfigError(f"{source}: {message}") from None
+    except (TypeError, ValueError) as err:      # OmegaConf's own, e.g. merging a list into a mapping
+        raise ConfigError(f"{source}: {str(err).splitlines()[0]}") from None
 
 
 def _choice(value: str, valid, key: str) -> None:
@@ -218,14 +284,20 @@ def validate(cfg: RunConfig) -> None:
     from rl.environments import ENVIRONMENTS
     from rl.methods import METHODS
 
+    _validate_numbers(cfg)
+    for key, ok, what in RANGES:
+        value = _get(cfg, key)
+        if not ok(value):
+            raise ConfigError(f"{key} must be {what} (got {value!r})")
     _choice(cfg.task.source, {"reasoning_gym", "jsonl"}, "task.source")
+    _choice(cfg.task.match, {"math", "exact"}, "task.match")
+    _choice(cfg.task.render, {"question", "expression"}, "task.render")
+    _choice(cfg.task.reward, {"binary", "partial"}, "task.reward")
     if cfg.task.source == "jsonl":
         _validate_jsonl(cfg)
     else:
         _choice(cfg.task.name, reasoning_gym.factory.DATASETS, "task.name")
         _validate_buckets(cfg)
-    _choice(cfg.task.render, {"question", "expression"}, "task.render")
-    _choice(cfg.task.reward, {"binary", "partial"}, "task.reward")
     _choice(cfg.task.environment, ENVIRONMENTS, "task.environment")
     needs = ENVIRONMENTS[cfg.task.environment].reads_task
     if needs is not None and (cfg.task.name, cfg.task.render) != needs:
@@ -235,9 +307,14 @@ def validate(cfg: RunConfig) -> None:
     for key, valid in type(cfg.method).CHOICES.items():
         _choice(getattr(cfg.method, key), set(valid), f"method.{key}")
     _choice(cfg.student.arch, ARCHITECTURES, "student.arch")
+    _validate_student(cfg.student)
     _choice(cfg.teacher.kind, TEACHERS, "teacher.kind")
     _choice(cfg.teacher.reveal, {"mismatch", "all_but_last"}, "teacher.reveal")
+    _validate_teacher(cfg.teacher)
     _choice(cfg.rollout.engine, {"local", "vllm"}, "rollout.engine")
+    if cfg.rollout.vllm.cpus and not re.fullmatch(r"\d+(-\d+(:\d+)?)?(,\d+(-\d+(:\d+)?)?)*", cfg.rollout.vllm.cpus):
+        raise ConfigError(f"rollout.vllm.cpus={cfg.rollout.vllm.cpus!r} is not a list of cores for taskset -c "
+                          "(e.g. 1 or 0-3,6; \"\" = any)")
     _choice(cfg.student.attn_implementation, {"sdpa", "eager", "flash_attention_2"}, "student.attn_implementation")
     if cfg.student.attn_implementation == "flash_attention_2":
         import importlib.util
@@ -253,15 +330,6 @@ def validate(cfg: RunConfig) -> None:
             raise ConfigError(f"teacher.prompt_template: {err}") from None
     _choice(cfg.deepspeed.dtype, {"fp32", "bf16"}, "deepspeed.dtype")
     _choice(cfg.deepspeed.zero_stage, {0, 1, 2, 3}, "deepspeed.zero_stage")
-    for key in ("rollout.prompts_per_step", "rollout.attempts_per_prompt",
-                "rollout.max_new_tokens", "rollout.max_turns", "task.eval_size", "trainer.eval_every",
-                "trainer.checkpoint_every", "warmstart.batch_size", "teacher.max_new_tokens",
-                "teacher.batch_size", "teacher.concurrency"):
-        section, name = key.split(".")
-        if getattr(getattr(cfg, section), name) <= 0:
-            raise ConfigError(f"{key} must be positive")
-    if cfg.trainer.steps < 0 or cfg.warmstart.steps < 0:
-        raise ConfigError("trainer.steps and warmstart.steps must be >= 0")
     if not cfg.rollout.temperature > 0:
         raise ConfigError(f"rollout.temperature={cfg.rollout.temperature} must be > 0 (greedy decoding is "
                           "for evaluation; RL samples)")
@@ -274,6 +342,98 @@ def validate(cfg: RunConfig) -> None:
     _validate_scale(cfg)
 
 
+def _positive(v) -> bool:
+    return v > 0
+
+
+def _not_negative(v) -> bool:
+    return v >= 0
+
+
+# Numbers beyond their type (and what the trainer would otherwise fail on, or silently misread).
+RANGES: tuple[tuple[str, Any, str], ...] = (
+    *((key, _positive, "positive") for key in (
+        "rollout.prompts_per_step", "rollout.attempts_per_prompt", "rollout.max_new_tokens", "rollout.max_turns",
+        "task.eval_size", "task.train_size", "trainer.eval_every", "trainer.checkpoint_every",
+        "trainer.keep_checkpoints", "warmstart.batch_size", "teacher.max_new_tokens", "teacher.batch_size",
+        "teacher.concurrency", "teacher.max_hint_chars", "teacher.timeout_s", "student.hidden_size",
+        "student.num_layers", "student.num_heads", "student.num_kv_heads", "student.num_experts", "student.top_k",
+        "student.expert_width", "student.max_positions", "rollout.vllm.threads", "rollout.vllm.kv_cache_gb",
+        "rollout.vllm.startup_timeout_s", "rollout.vllm.request_timeout_s", "rollout.vllm.bucket_mb")),
+    *((key, _not_negative, ">= 0") for key in (
+        "trainer.steps", "warmstart.steps", "trainer.lr", "warmstart.lr", "trainer.warmup_steps",
+        "warmstart.warmup_steps", "trainer.weight_decay", "trainer.log_rollouts", "trainer.max_nonfinite_steps",
+        "trainer.threads", "teacher.temperature", "teacher.retries", "teacher.backoff_s", "teacher.cooldown_s",
+        "student.router_aux_loss_coef", "deepspeed.gradient_clipping", "deepspeed.param_persistence_threshold",
+        "rollout.vllm.max_engine_vocab")),
+    ("warmstart.hint_fraction", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("launcher.master_port", lambda v: 0 <= v <= 65535, "a port in [0, 65535] (0 = a free one)"),
+)
+
+# Names torch takes for a floating-point dtype (student/model.py: getattr(torch, student.dtype)).
+STUDENT_DTYPES = ("float32", "float", "bfloat16", "float16", "half", "float64", "double")
+
+
+def _get(cfg: RunConfig, key: str) -> Any:
+    for name in key.split("."):
+        cfg = getattr(cfg, name)
+    return cfg
+
+
+def _leaves(obj: Any, prefix: str = ""):
+    """(dotted key, value) for every field of a config dataclass, sections walked."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _leaves(value, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", value
+
+
+def _validate_numbers(cfg: RunConfig) -> None:
+    """No NaN or infinity anywhere (a learning rate, a timeout, a temperature...), and integers
+    that fit the 64 bits torch and the launchers take."""
+    for key, value in _leaves(cfg):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}={value} must be a finite number")
+        if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**63:
+            raise ConfigError(f"{key}={value} is out of range (a 64-bit integer)")
+
+
+def _validate_student(s: StudentConfig) -> None:
+    from transformers.integrations.moe import ExpertsInterface
+
+    _choice(s.dtype, STUDENT_DTYPES, "student.dtype")
+    _choice(s.experts_implementation, {"eager", *ExpertsInterface._global_mapping}, "student.experts_implementation")
+    # Sizes are positive by now (RANGES); these combinations fail at the first forward otherwise.
+    if s.num_heads % s.num_kv_heads:
+        raise ConfigError(f"student.num_heads={s.num_heads} must be a multiple of student.num_kv_heads="
+                          f"{s.num_kv_heads} (each key/value head serves a group of query heads)")
+    if s.top_k > s.num_experts:
+        raise ConfigError(f"student.top_k={s.top_k} must be <= student.num_experts={s.num_experts}")
+    head_dim = s.hidden_size // s.num_heads
+    if head_dim < 2 or head_dim % 2:
+        raise ConfigError(f"student.hidden_size={s.hidden_size} / student.num_heads={s.num_heads} gives heads of "
+                          f"{head_dim} dimensions; rotary embeddings need an even number")
+    if s.arch == "olmoe" and s.hidden_size % s.num_heads:
+        raise ConfigError(f"student.hidden_size={s.hidden_size} must be a multiple of student.num_heads="
+                          f"{s.num_heads} for student.arch=olmoe")
+
+
+def _validate_teacher(t: TeacherConfig) -> None:
+    import torch
+
+    if t.kind == "hf" and not t.model:
+        raise ConfigError("teacher.kind=hf needs teacher.model (a Hugging Face folder or a .gguf file)")
+    if t.kind == "openai" and not (t.base_url and t.model):
+        raise ConfigError("teacher.kind=openai needs teacher.base_url (e.g. http://127.0.0.1:8000/v1) "
+                          "and teacher.model (the served name)")
+    try:
+        torch.device(t.device)
+    except (RuntimeError, ValueError, TypeError):
+        raise ConfigError(f"teacher.device={t.device!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
+
+
 def _validate_jsonl(cfg: RunConfig) -> None:
     """The problem file is read and checked now (a bad line is named before any compute); its
     `bucket` fields are the buckets the mixes may name."""
@@ -282,7 +442,6 @@ def _validate_jsonl(cfg: RunConfig) -> None:
     t = cfg.task
     if not t.path:
         raise ConfigError("task.source=jsonl needs task.path: a JSON-lines file of problems (rl/jsonl_task.py)")
-    _choice(t.match, {"math", "exact"}, "task.match")
     _choice(t.render, {"question"}, "task.render (task.source=jsonl)")
     if t.buckets:
         raise ConfigError("task.buckets: with task.source=jsonl the buckets are the file's 'bucket' fields; "
@@ -302,31 +461,47 @@ def _validate_mixes(cfg: RunConfig, names: set[str]) -> None:
         unknown = sorted(set(mix) - names)
         if unknown:
             raise ConfigError(f"{key} names {unknown}, not buckets of the task ({sorted(names)})")
-        if any(w < 0 for w in mix.values()) or (mix and sum(mix.values()) <= 0):
-            raise ConfigError(f"{key}={dict(mix)}: weights must be >= 0 with a positive sum")
+        if any(not math.isfinite(w) or w < 0 for w in mix.values()) or (mix and sum(mix.values()) <= 0):
+            raise ConfigError(f"{key}={dict(mix)}: weights must be >= 0 and finite, with a positive sum")
 
 
 def _validate_buckets(cfg: RunConfig) -> None:
     """Every bucket's settings make a valid generator; mixes name existing buckets with weights >= 0."""
     import reasoning_gym
 
+    from rl.tasks import render_prompt
+
     _, dataset_config_cls = reasoning_gym.factory.DATASETS[cfg.task.name]
+    known = {f.name for f in dataclasses.fields(dataset_config_cls)} - {"seed", "size"}
     for name, own in (cfg.task.buckets or {"": {}}).items():
         key = f"task.buckets.{name}" if name else "task.config"
         if not isinstance(own, dict):
             raise ConfigError(f"{key} must be a mapping of generator settings, got {own!r}")
+        settings = {**cfg.task.config, **own}
+        for setting in settings:
+            if setting not in known:
+                where = key if setting in own else "task.config"
+                why = ("the run sets it from seed / task.eval_seed, task.train_size / task.eval_size"
+                       if setting in ("seed", "size") else
+                       f"not a setting of reasoning-gym's {cfg.task.name!r} (it has: {', '.join(sorted(known))})")
+                raise ConfigError(f"{where}: unknown key '{setting}' ({where}.{setting}): {why}")
         try:
-            settings = dataset_config_cls(**{**cfg.task.config, **own})
-            getattr(settings, "validate", lambda: None)()
-        except (TypeError, AssertionError, ValueError) as err:
-            raise ConfigError(f"{key}: {err} (settings of reasoning-gym's {cfg.task.name!r})") from None
+            getattr(dataset_config_cls(**settings), "validate", lambda: None)()
+            # One problem, made and rendered as the run will (a setting of the wrong type, say
+            # min_digits: 1.5, passes validate() and fails here).
+            render_prompt(reasoning_gym.create_dataset(cfg.task.name, seed=0, size=1, **settings)[0], cfg.task.render)
+        except Exception as err:          # noqa: BLE001  (a third-party generator: anything it raises)
+            message = (str(err).splitlines() or [type(err).__name__])[0]
+            raise ConfigError(f"{key}: {message} (settings of reasoning-gym's {cfg.task.name!r}, "
+                              f"task.render={cfg.task.render})") from None
     _validate_mixes(cfg, set(cfg.task.buckets) or {"all"})
 
 
 def _validate_scale(cfg: RunConfig) -> None:
     ds, launch = cfg.deepspeed, cfg.launcher
-    if launch.nproc_per_node < 1 or launch.nnodes < 1:
-        raise ConfigError("launcher.nproc_per_node and launcher.nnodes must be >= 1")
+    for key in ("launcher.nproc_per_node", "launcher.nnodes"):
+        if _get(cfg, key) < 1:
+            raise ConfigError(f"{key}={_get(cfg, key)} must be >= 1")
     if not 0 <= launch.node_rank < launch.nnodes:
         raise ConfigError(f"launcher.node_rank={launch.node_rank} must be in [0, launcher.nnodes)")
     if launch.nnodes > 1 and not launch.hostfile and launch.master_port == 0:
@@ -357,8 +532,39 @@ def _validate_scale(cfg: RunConfig) -> None:
                           f"(got {ds.zero_stage}); docs/expert_parallel.md explains why not 0 or 3")
 
 
+_KEY = re.compile(r"[^\s.=\[\]{}'\"]+(\.[^\s.=\[\]{}'\"]+)*")    # a.b.c: no empty parts, spaces, brackets
+
+
 def _nested(path: list[str], value: Any) -> dict:
     return {path[0]: _nested(path[1:], value) if len(path) > 1 else value}
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """yaml.safe_load, but a key given twice in one mapping is an error (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                    seen.add(key)
+                except TypeError:                     # unhashable: the constructor below names it
+                    break
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark, f"duplicate key {key!r}", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _text_keys(layer: Any, source: str, prefix: str = "") -> None:
+    """Every key is text: YAML reads `1:`, `null:` or `yes:` as a number, None or a bool."""
+    for key, value in (layer.items() if isinstance(layer, dict) else ()):
+        if not isinstance(key, str):
+            raise ConfigError(f"{source}: key '{prefix}{key}': YAML reads this name as {type(key).__name__}, "
+                              "not text; put it in quotes")
+        _text_keys(value, source, f"{prefix}{key}.")
 
 
 def _merge_experiment(cfg: DictConfig, folder: Path, seen: tuple[Path, ...]) -> DictConfig:
@@ -370,13 +576,17 @@ def _merge_experiment(cfg: DictConfig, folder: Path, seen: tuple[Path, ...]) -> 
     if path.resolve() in seen:
         raise ConfigError(f"{path}: 'base' chain loops back to itself")
     try:
-        layer = yaml.safe_load(path.read_text()) or {}
+        layer = yaml.load(path.read_text(encoding="utf-8"), Loader=_YamlLoader) or {}
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason})") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{path}:{where} malformed YAML: {getattr(err, 'problem', err)}") from None
+        problem = str(getattr(err, "problem", None) or err).splitlines()[0]
+        raise ConfigError(f"{path}:{where} malformed YAML: {problem}") from None
     if not isinstance(layer, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(layer).__name__}")
+    _text_keys(layer, str(path))
     base = layer.pop("base", None)
     if base is not None:
         if not isinstance(base, str):
@@ -386,17 +596,32 @@ def _merge_experiment(cfg: DictConfig, folder: Path, seen: tuple[Path, ...]) -> 
 
 
 def load_config(experiment_dir: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
-    """Schema defaults ← `experiment_dir/config.yaml` ← `overrides` ("a.b=value" strings)."""
-    cfg = OmegaConf.structured(RunConfig)
-    cfg.method = _method_schema(cfg, cfg.method.name)
+    """Schema defaults ← `experiment_dir/config.yaml` ← `overrides` ("a.b=value" strings). Any
+    problem is one ConfigError of one line (a value with a line break in it is shown escaped)."""
+    try:
+        return _load_config(experiment_dir, overrides)
+    except ConfigError as err:
+        if "\n" in str(err) or "\r" in str(err):
+            raise ConfigError(str(err).replace("\r", "\\r").replace("\n", "\\n")) from None
+        raise
+
+
+def _load_config(experiment_dir: str | Path | None, overrides: list[str]) -> RunConfig:
+    cfg = copy.deepcopy(_defaults())
     if experiment_dir is not None:
         cfg = _merge_experiment(cfg, Path(experiment_dir), seen=())
         if not cfg.experiment:
             cfg.experiment = Path(experiment_dir).resolve().name
     for item in overrides:
+        try:
+            item.encode("utf-8")
+        except UnicodeEncodeError:       # bytes that are not UTF-8 on the command line (surrogate-escaped)
+            raise ConfigError(f"command line {item!r}: not UTF-8 text") from None
         if "=" not in item:
-            raise ConfigError(f"command line: override {item!r} must look like key=value")
+            raise ConfigError(f"command line {item!r}: an override looks like key=value")
         key, raw = item.split("=", 1)
+        if not _KEY.fullmatch(key):
+            raise ConfigError(f"command line {item!r}: {key!r} is not a key (dotted names, e.g. trainer.steps=50)")
         try:
             if isinstance(OmegaConf.select(cfg, key, default=None), str):
                 # Text fields take the text as typed: YAML would read run_name=off as False.
@@ -404,9 +629,18 @@ def load_config(experiment_dir: str | Path | None = None, overrides: list[str] =
             else:
                 layer = OmegaConf.from_dotlist([item])
         except OmegaConfBaseException as err:
-            raise ConfigError(f"command line: {item!r}: {err}") from None
+            raise ConfigError(f"command line {item!r}: {_describe(err)}") from None
+        except (yaml.YAMLError, ValueError) as err:    # the value's YAML: an unclosed bracket, `!!float x`, ...
+            problem = str(getattr(err, "problem", None) or err).splitlines()[0]
+            raise ConfigError(f"command line {item!r}: key '{key}': malformed value {raw!r} ({problem})") from None
         cfg = _merge(cfg, layer, f"command line {item!r}")
-    run_cfg: RunConfig = OmegaConf.to_object(cfg)
+    try:
+        run_cfg: RunConfig = OmegaConf.to_object(cfg)   # resolves ${...} interpolations
+    except OmegaConfBaseException as err:
+        raise ConfigError(_describe(err)) from None
+    for key, value in _leaves(run_cfg):
+        if isinstance(value, str) and "\0" in value:       # no path, name or argument holds one
+            raise ConfigError(f"{key}={value!r}: text with a NUL character")
     if run_cfg.task.path and not Path(run_cfg.task.path).is_absolute():   # saved absolute, as below
         run_cfg.task.path = str((Path(experiment_dir or ".") / run_cfg.task.path).resolve())
     template = run_cfg.teacher.prompt_template
