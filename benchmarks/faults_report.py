@@ -34,6 +34,12 @@ def _commit() -> str:
         return "unknown"
 
 
+def _short(text: str, width: int = 230) -> str:
+    """A message for the table: pytest's temporary folders shortened, pipes escaped."""
+    text = re.sub(r"/tmp/pytest-of-[^/]+/pytest-\d+/[^/\s]+", "<tmp>", str(text))
+    return text.replace("|", "/")[:width]
+
+
 def report(records: list[dict], pytest_tail: str, seconds: int) -> str:
     by_suite = defaultdict(list)
     for r in records:
@@ -68,12 +74,15 @@ def report(records: list[dict], pytest_tail: str, seconds: int) -> str:
     if files:
         lines += ["", "## Damaged and planted checkpoint files", "",
                   "| fault | outcome | what the run said |", "|---|---|---|"]
-        lines += [f"| {r['fault']} | {r['outcome']} | {str(r.get('said', r.get('fell_back_to', ''))).replace('|', '/')[:110]} |"
+        lines += [f"| {r['fault']} | {r['outcome']} | "
+                  + (_short(r["said"]) if r.get("said") else f"resumed from {r['fell_back_to']}, ended equal to the "
+                     "undamaged run" if r.get("fell_back_to") else "skipped as unusable; the pickle never ran") + " |"
                   for r in files]
     other = by_suite.get("disk", []) + by_suite.get("output_folder", [])
     if other:
         lines += ["", "## Disk and run folder", ""]
-        lines += [f"- {r['fault']}: {r['outcome']} — `{(r.get('stopped_with') or r.get('message', ''))[:160]}`" for r in other]
+        lines += [f"- {r['fault']}: {r['outcome']} — `{_short(r.get('stopped_with') or r.get('message', ''), 400)}`"
+                  for r in other]
     endpoint = by_suite.get("teacher_endpoint", [])
     if endpoint:
         faults = Counter(r.get("fault", "?") for r in endpoint)
@@ -81,13 +90,17 @@ def report(records: list[dict], pytest_tail: str, seconds: int) -> str:
                   f"{len(endpoint)} trials on a real misbehaving HTTP server; every failed request counted under "
                   "its own name (hint/teacher_errors/<fault>), the run finishing: " +
                   ", ".join(f"{f} ×{n}" for f, n in sorted(faults.items())) + "."]
-    config = by_suite.get("config", [])
-    if config:
-        keys = {r.get("key") for r in config}
+    config = [r for r in by_suite.get("config", []) if r.get("via") != "cli"]
+    cli = [r for r in by_suite.get("config", []) if r.get("via") == "cli"]
+    if config or cli:
+        categories = Counter(r.get("category", "?") for r in config)
         lines += ["", "## Config fuzzing", "",
-                  f"{len(config)} bad inputs through the real loader (a sample through the CLI): "
+                  f"- {len(config)} seeded bad inputs through the real loader ("
+                  + ", ".join(f"{c} {n}" for c, n in categories.most_common()) + "): "
                   f"{sum(r['outcome'] == 'rejected' for r in config)} rejected with one line naming the key "
-                  f"({len(keys)} distinct keys named), exit 2 and nothing written for those run through the CLI."]
+                  f"({len({r.get('key') for r in config})} distinct keys named).",
+                  f"- {len(cli)} of them through `python -m rl.train`: {sum(r['outcome'] == 'rejected' for r in cli)} "
+                  "exited 2 with exactly that line on stderr, no traceback, nothing under output_dir."]
     return "\n".join(lines) + "\n"
 
 

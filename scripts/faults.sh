@@ -3,12 +3,14 @@
 # Runs tests/faults/ (kill -9 at seeded moments incl. inside checkpoint writes and on one rank of a
 # two-rank ZeRO-3 run, a disk filling up, read-only and vanished run folders, corrupted checkpoints,
 # a planted malicious pickle, teacher endpoint faults, config fuzzing), each trial recording what it
-# did, and writes benchmarks/results/faults.md. The same tests run in scripts/test.sh's slow tier.
+# did (benchmarks/results/faults-trials.jsonl), and writes benchmarks/results/faults.md from them. The
+# same tests run in scripts/test.sh's slow tier.
 # Mounts small tmpfs file systems for the disk tests (root, as in CI's container; skipped without).
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/bootstrap.sh"
 cd "$HINTRL_ROOT"
-records=$(mktemp)
+records=benchmarks/results/faults-trials.jsonl
+rm -f "$records"
 log=$(mktemp)
 start=$(date +%s)
 set +e
@@ -17,5 +19,5 @@ rc=${PIPESTATUS[0]}
 set -e
 python -m benchmarks.faults_report "$records" --pytest-log "$log" --seconds $(( $(date +%s) - start )) \
   --out benchmarks/results/faults.md
-rm -f "$records" "$log"
+rm -f "$log"
 exit "$rc"

@@ -447,13 +447,11 @@ def cases() -> tuple[Case, ...]:
 
 
 def cli_sample() -> list[Case]:
-    """About 20, every category, chosen by the same seed."""
+    """One of every category, chosen by the same seed (each CLI process costs ~7 s of imports)."""
     rng = random.Random(0)
     by_category = {c: [case for case in cases() if case.category == c
                        and not any("\0" in item for item in case.overrides)] for c in CATEGORIES}   # argv: no NUL
-    picks = {c: 3 for c in CATEGORIES}
-    picks["yaml"] = 2
-    return [case for c in CATEGORIES for case in rng.sample(by_category[c], picks[c])]
+    return [case for c in CATEGORIES for case in rng.sample(by_category[c], 1)]
 
 
 # --- checking one case -----------------------------------------------------------------------------
@@ -615,5 +613,5 @@ def test_cli_rejects_a_sample_before_writing_anything(tmp_path, record):
         else:
             record("config", "rejected", input=case.label(), key=_named(case, lines[0]), category=case.category,
                    via="cli", exit_code=2)
-    assert len(sample) >= 15 and {c.category for c in sample} == set(CATEGORIES)
+    assert {c.category for c in sample} == set(CATEGORIES)
     assert not failures, "\n".join(failures)

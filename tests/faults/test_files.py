@@ -89,7 +89,7 @@ def test_disk_full_during_a_checkpoint_stops_cleanly_and_keeps_the_last_one(refe
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         assert _metrics(run_dir) == _metrics(reference)
     record("disk", "survived", fault=f"tmpfs of {size} bytes filled during {line.split()[3]}",
-           stopped_with=line[:120], resumed_from=tags[-1])
+           stopped_with=line, resumed_from=tags[-1])
 
 
 # ---------------------------------------------------------------- the output folder
@@ -185,7 +185,7 @@ def test_every_checkpoint_unusable_is_an_error_not_a_restart(finished_run, recor
     assert out.returncode == 1
     line = _one_clear_line(out.stderr, "checkpoint error:")
     assert "no usable checkpoint" in line and "checksum mismatch" in line, line
-    record("corrupt_checkpoint", "detected", fault="every checkpoint bit-flipped", said=line[:120])
+    record("corrupt_checkpoint", "detected", fault="every checkpoint bit-flipped", said=line)
 
 
 # ---------------------------------------------------------------- a malicious pickle
@@ -242,7 +242,7 @@ def test_a_malicious_pickle_is_refused_not_run(finished_run, tmp_path, record):
     assert export.returncode == 1
     assert "refused to load" in _one_clear_line(export.stderr, "export error:")
     assert not marker.exists(), "the pickle ran"
-    record("pickle", "rejected", fault="os.system in model states, manifest matching", said=line[:120])
+    record("pickle", "rejected", fault="os.system in model states, manifest matching", said=line)
 
 
 def test_a_malicious_pickle_without_a_matching_manifest_is_skipped(finished_run, tmp_path, record):
