@@ -51,7 +51,8 @@ def test_launcher_starts_two_ranks_into_one_run_folder(two_rank_run):
     assert "2 rank(s), ZeRO-0" in out.stdout
     assert [m["step"] for m in metrics_of(run_dir)] == list(range(8))
     ckpt = run_dir / "checkpoints" / "step_0000007"
-    assert {"rng_rank0.pt", "rng_rank1.pt"} <= {p.name for p in ckpt.iterdir()}
+    assert {"rng_rank0.safetensors", "rng_rank1.safetensors", "state_rank0.json", "state_rank1.json",
+            "manifest.json"} <= {p.name for p in ckpt.iterdir()}
 
 
 @pytest.mark.parametrize("stage", [2, 3])
