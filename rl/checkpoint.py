@@ -204,14 +204,14 @@ def _warn(message: str) -> None:
         print(f"[checkpoint] {message}", file=sys.stderr, flush=True)
 
 
-def newest_usable(ckpt_dir: Path) -> tuple[Path | None, list[str]]:
-    """The newest checkpoint that verifies, and a line for each newer one that did not."""
+def newest_usable(ckpt_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint that verifies, and each newer one that did not with what is wrong."""
     skipped = []
     for tag in reversed(list_tags(ckpt_dir)):
         problem = verify(ckpt_dir / tag)
         if problem is None:
             return ckpt_dir / tag, skipped
-        skipped.append(f"{ckpt_dir / tag}: {problem}")
+        skipped.append((ckpt_dir / tag, problem))
     return None, skipped
 
 
@@ -237,23 +237,23 @@ def load(engine, ckpt_dir: Path, rng: random.Random) -> tuple[int, int, dict, Pa
     """Restore the newest complete checkpoint; returns (step, task cursor, trainer state, its
     folder), or None when the run has no checkpoint yet (it starts over). Unusable newer tags are
     named in a warning and moved aside; if every tag is unusable that is an error, not a restart."""
-    path, skipped = newest_usable(ckpt_dir)
-    for line in skipped:
-        _warn(f"unusable, moved aside as {UNUSABLE}*: {line}")
+    # Rank 0 reads and hashes every file once for all ranks, and moves unusable tags aside.
+    path, skipped = dist.from_main(newest_usable(ckpt_dir) if dist.rank() == 0 else None)
+    for bad, problem in skipped:
+        _warn(f"unusable, moved aside as {UNUSABLE}*: {bad}: {problem}")
     if path is not None and skipped:
         _warn(f"resuming from {path} instead")
     if path is None:
         if skipped:
-            raise CheckpointError(f"no usable checkpoint under {ckpt_dir}: " + "; ".join(skipped))
+            raise CheckpointError(f"no usable checkpoint under {ckpt_dir}: "
+                                  + "; ".join(f"{bad}: {problem}" for bad, problem in skipped))
         return None
     manifest = json.loads((path / MANIFEST).read_text())
     if manifest["world_size"] != dist.world_size():
         raise CheckpointError(f"{path} was saved by {manifest['world_size']} rank(s) and this run has "
                               f"{dist.world_size()}: resume with the launcher settings the run was started with")
-    dist.barrier()   # every rank has verified before any tag moves
     if dist.rank() == 0:
-        for line in skipped:
-            bad = Path(line.split(": ", 1)[0])
+        for bad, _ in skipped:
             os.replace(bad, bad.with_name(UNUSABLE + bad.name))
     with weights_only_loads(path):
         loaded, _ = engine.load_checkpoint(str(ckpt_dir), tag=path.name)

@@ -62,6 +62,15 @@ def mean_over_ranks(metrics: dict[str, float], summed: tuple[str, ...] = ("loss/
             for k in keys}
 
 
+def from_main(value):
+    """Rank 0's `value` on every rank (a picklable object: work one rank does for all)."""
+    if not _active():
+        return value
+    box = [value]
+    tdist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def barrier() -> None:
     if _active():
         tdist.barrier()

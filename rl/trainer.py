@@ -117,8 +117,9 @@ class Trainer:
             resume_step = -1
             if self.is_main:
                 tqdm.write(f"[checkpoint] {self.ckpt_dir}: no complete checkpoint; starting the run over")
-        self.log = RunLogger(run_dir, to_yaml(cfg), resume_step) if self.is_main else None
-        self.config_hash = hashlib.sha256(to_yaml(cfg).encode()).hexdigest()[:16]
+        config_yaml = to_yaml(cfg)
+        self.log = RunLogger(run_dir, config_yaml, resume_step) if self.is_main else None
+        self.config_hash = hashlib.sha256(config_yaml.encode()).hexdigest()[:16]
         self.n_params = count_parameters(self.rollout.module)
 
     def _policies(self):
