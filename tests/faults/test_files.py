@@ -106,15 +106,20 @@ def test_read_only_output_folder_is_one_clear_line(tmp_path, record):
 def test_output_folder_deleted_mid_run_is_one_clear_line(tmp_path, record):
     env = dict(os.environ, PYTHONPATH=CHILD_PYTHONPATH, OMP_NUM_THREADS="1")
     run_dir = tmp_path / "default" / "r"
+    # Saves at step 5 and 10: the folder goes right after the first, well before the second.
     proc = subprocess.Popen([sys.executable, "-m", "rl.train", "experiments/default", *RUN, "trainer.steps=40",
-                             f"output_dir={tmp_path}", "run_name=r"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "trainer.checkpoint_every=5", f"output_dir={tmp_path}", "run_name=r"], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
         if list_tags(run_dir / "checkpoints"):
-            shutil.rmtree(run_dir, ignore_errors=True)
+            # at once, as `mv` + `rm` or a deleted mount does (an `rm -rf` racing the run's own
+            # appends can leave a half-deleted folder the run goes on writing to: not this test)
+            gone = tmp_path / "gone"
+            os.rename(run_dir, gone)
+            shutil.rmtree(gone)
             break
-        time.sleep(0.05)
+        time.sleep(0.02)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, err[-3000:]
     line = _one_clear_line(err, "run folder error:")
