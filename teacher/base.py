@@ -53,7 +53,8 @@ class TeacherConfig:
     gguf_file: str = ""           # hf: a GGUF file inside the `model` folder
     max_new_tokens: int = 48      # reply length bound (MESSAGE line + one short hint)
     temperature: float = 0.0      # 0 = greedy (replies to identical requests are then reused)
-    batch_size: int = 16          # hf: prompts per generate call
+    batch_size: int = 64          # hf: prompts per generate call (KV memory ~ batch x prompt length)
+    prefix_cache: bool = True     # hf: prefill the prompts' shared prefix once, reuse its KV cache
     device: str = "cpu"           # hf: torch device of the teacher model
     base_url: str = ""            # openai: e.g. http://127.0.0.1:8000/v1
     api_key_env: str = ""         # openai: environment variable holding the key ("" = none)

