@@ -88,6 +88,10 @@ class WarmstartConfig:
     warmup_steps: int = 20
     hint_fraction: float = 0.5               # share of demonstrations with a hint in context
     mix: dict[str, float] = field(default_factory=dict)     # buckets demonstrations come from; {} = task.mix
+    # Who writes the demonstrations' hints: "" = the run's teacher (teacher.*); or a teacher.kind
+    # for warm-start only, e.g. "rule" when the run's teacher is a model too slow for
+    # steps x batch_size x hint_fraction requests (experiments/llm-teacher).
+    teacher: str = ""
 
 
 @dataclass
@@ -309,6 +313,8 @@ def validate(cfg: RunConfig) -> None:
     _choice(cfg.student.arch, ARCHITECTURES, "student.arch")
     _validate_student(cfg.student)
     _choice(cfg.teacher.kind, TEACHERS, "teacher.kind")
+    if cfg.warmstart.teacher:
+        _choice(cfg.warmstart.teacher, TEACHERS, "warmstart.teacher")
     _choice(cfg.teacher.reveal, {"mismatch", "all_but_last"}, "teacher.reveal")
     _validate_teacher(cfg.teacher)
     _choice(cfg.rollout.engine, {"local", "vllm"}, "rollout.engine")

@@ -21,6 +21,7 @@ over ranks; rank 0 writes the run folder.
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import os
@@ -80,6 +81,9 @@ class Trainer:
         self.tasks = TaskSource(cfg.task, cfg.seed)
         self.env = build_environment(cfg.task.environment, self.tasks)
         self.teacher = build_teacher(cfg.teacher)
+        ws_kind = cfg.warmstart.teacher or cfg.teacher.kind
+        self.warmstart_teacher = (self.teacher if ws_kind == cfg.teacher.kind or cfg.warmstart.steps == 0
+                                  else build_teacher(dataclasses.replace(cfg.teacher, kind=ws_kind)))
         self.guard = LeakGuard()
         self.method = get_method(cfg.method.name)(cfg.method)
         self.engine, _, self.scheduler = build_engine(lambda: build_student(cfg.student, self.tok), cfg)
@@ -228,7 +232,7 @@ class Trainer:
     def warmstart_step(self) -> dict[str, float]:
         ws, tok = self.cfg.warmstart, self.tok
         problems = self._my_slice(self.tasks.next_batch(ws.batch_size, ws.mix or None))
-        prompts, answers, masks = demonstrations(problems, self.teacher, self.guard, tok, self.rng,
+        prompts, answers, masks = demonstrations(problems, self.warmstart_teacher, self.guard, tok, self.rng,
                                                  ws.hint_fraction, self.env)
         answers_NC, mask_NC = right_pad(answers, tok.pad_id, self.policy.device, masks)
         norm = self._normaliser("token", mask_NC, len(prompts))

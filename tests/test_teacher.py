@@ -182,3 +182,30 @@ def test_questa_style_hint_reveals_all_but_the_last_character(attempt, answer, h
     req = HintRequest([{"role": "user", "content": "q"}, {"role": "assistant", "content": attempt}], "incorrect", answer)
     written = teacher.write_hints([req])[0]
     assert (written.text if written else None) == hint
+
+
+def test_warmstart_teacher_writes_warmstart_hints_and_the_run_teacher_the_rl_ones(tmp_path):
+    """warmstart.teacher=rule with a model teacher for RL: warm-start's demonstrations never reach
+    the model teacher (here an OpenAI endpoint that refuses connections), RL's requests do."""
+    from conftest import TINY
+    from rl.config import load_config
+    from rl.train import resolve_run_dir
+    from rl.trainer import Trainer
+    from teacher.openai_api import OpenAITeacher
+    from teacher.rule import RuleTeacher
+
+    cfg = load_config("experiments/default", TINY + [
+        f"output_dir={tmp_path}", "teacher.kind=openai", "teacher.base_url=http://127.0.0.1:9/v1",
+        "teacher.model=m", "teacher.retries=0", "warmstart.teacher=rule", "warmstart.hint_fraction=1.0"])
+    trainer = Trainer(cfg, resolve_run_dir(cfg))
+    assert isinstance(trainer.warmstart_teacher, RuleTeacher) and isinstance(trainer.teacher, OpenAITeacher)
+    asked = {"rule": 0, "openai": 0}
+    for name, teacher in (("rule", trainer.warmstart_teacher), ("openai", trainer.teacher)):
+        write = teacher.write_hints
+        teacher.write_hints = lambda reqs, write=write, name=name: (asked.__setitem__(name, asked[name] + len(reqs)),
+                                                                    write(reqs))[1]
+    trainer.warmstart_step()
+    assert asked == {"rule": cfg.warmstart.batch_size, "openai": 0}
+    trainer.step = cfg.warmstart.steps
+    trainer.rl_step()
+    assert asked["openai"] > 0 and asked["rule"] == cfg.warmstart.batch_size

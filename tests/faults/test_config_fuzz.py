@@ -40,7 +40,7 @@ ENUMS = {
     "task.name": "basic_arithmetic", "task.environment": "answer", "student.arch": "qwen3_moe",
     "student.experts_implementation": "hintrl", "student.attn_implementation": "sdpa", "student.dtype": "float32",
     "teacher.kind": "rule", "teacher.reveal": "mismatch", "rollout.engine": "local", "deepspeed.dtype": "fp32",
-    "method.name": "grpo",
+    "method.name": "grpo", "warmstart.teacher": "rule",
 }
 # Text the loader takes as given (paths, names, addresses); some have values it can tell are bad.
 FREE_TEXT = {"output_dir", "experiment", "run_name", "task.path", "student.checkpoint", "teacher.prompt_template",
