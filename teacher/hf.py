@@ -156,6 +156,7 @@ class HFTeacher(ChatTeacher):
                                temperature=cfg.temperature if cfg.temperature > 0 else None,
                                top_p=None, top_k=None, pad_token_id=self.tokenizer.pad_token_id)
         self.prefix = SharedPrefix(self.model)
+        self.own_greedy = self._argmax_is_greedy()      # False: transformers' generate decodes
         # Where the time goes (scripts/bench.sh teacher): the shared prefix (once), prefill (a
         # forward over many positions per row: the tails) and decode (one position per row).
         self.timing = dict(prefix_s=0.0, prefix_tokens=0, prefill_s=0.0, prefill_tokens=0,
@@ -193,13 +194,55 @@ class HFTeacher(ChatTeacher):
         tails = [p[n:] for p in prompts]
         width = max(len(t) for t in tails)
         pad = self.tokenizer.pad_token_id
-        ids = torch.tensor([self.prefix.ids[:n] + [pad] * (width - len(t)) + t for t in tails])
-        mask = torch.tensor([[1] * n + [0] * (width - len(t)) + [1] * len(t) for t in tails])
-        extra = {"cache": self.prefix.for_batch(len(prompts))} if n else {}
-        out = self.model.generate(input_ids=ids.to(self.cfg.device), attention_mask=mask.to(self.cfg.device),
-                                  generation_config=self.generation, **extra)
+        ids = torch.tensor([self.prefix.ids[:n] + [pad] * (width - len(t)) + t for t in tails], device=self.cfg.device)
+        mask = torch.tensor([[1] * n + [0] * (width - len(t)) + [1] * len(t) for t in tails], device=self.cfg.device)
+        cache = self.prefix.for_batch(len(prompts)) if n else None
         self.timing["generate_calls"] += 1
-        return self.tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
+        if self.cfg.temperature > 0 or not self.own_greedy:
+            out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=self.generation,
+                                      **({"cache": cache} if n else {}))
+            return self.tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
+        return self.tokenizer.batch_decode(self._greedy(ids, mask, n, cache), skip_special_tokens=True)
+
+    def _argmax_is_greedy(self) -> bool:
+        """Greedy decoding is argmax of the raw logits unless the model's generation config adds
+        logits processors (then `generate` applies them)."""
+        g = self.generation
+        return (g.repetition_penalty in (None, 1.0) and not g.no_repeat_ngram_size and not g.bad_words_ids
+                and not g.suppress_tokens and not g.begin_suppress_tokens and not g.min_new_tokens
+                and not g.min_length and g.forced_bos_token_id is None and g.forced_eos_token_id is None
+                and not g.sequence_bias and g.encoder_repetition_penalty in (None, 1.0))
+
+    def _greedy(self, ids: torch.Tensor, mask: torch.Tensor, n: int, cache) -> list[list[int]]:
+        """`generate`'s greedy search, except that a row leaves the batch (and its KV cache) when it
+        ends: most hints end after ~8 tokens while one rambling row would keep every row decoding
+        to max_new_tokens. Positions count only real tokens, as `generate` does from the mask."""
+        from transformers import DynamicCache
+
+        eos = torch.tensor(self.generation.eos_token_id if isinstance(self.generation.eos_token_id, list)
+                           else [self.generation.eos_token_id], device=ids.device)
+        cache = cache if cache is not None else DynamicCache(config=self.model.config)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = self.model(input_ids=ids[:, n:], attention_mask=mask, position_ids=positions[:, n:],
+                            cache=cache, use_cache=True, logits_to_keep=1).logits
+        rows, last = torch.arange(len(ids)), positions[:, -1]
+        replies: list[list[int]] = [[] for _ in range(len(ids))]
+        for step in range(self.cfg.max_new_tokens):
+            token = logits[:, -1].argmax(-1)
+            for row, t in zip(rows.tolist(), token.tolist()):
+                replies[row].append(t)
+            alive = ~torch.isin(token, eos)
+            if step == self.cfg.max_new_tokens - 1 or not alive.any():
+                break
+            if not alive.all():
+                keep = alive.nonzero().squeeze(1)
+                cache.batch_select_indices(keep)
+                rows, token, mask, last = rows[keep], token[keep], mask[keep], last[keep]
+            mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
+            last = last + 1
+            logits = self.model(input_ids=token[:, None], attention_mask=mask, position_ids=last[:, None],
+                                cache=cache, use_cache=True).logits
+        return replies
 
 
 register_teacher("hf")(HFTeacher)

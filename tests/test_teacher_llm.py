@@ -102,30 +102,42 @@ def test_hf_teacher_batched_replies_equal_single_ones(hf_teacher):
 @pytest.mark.slow
 def test_hf_prefix_cache_gives_the_whole_prompt_replies(smol_folder):
     """experiments/llm-teacher's few-shot prompt over a recorded RL step's failed attempts
-    (benchmarks/data): the shared prefix prefilled once, its KV cache copied to every row and the
-    prompts batched together give exactly the greedy replies of each whole prompt run alone; so do
-    prompts that share less of it (the cached prefix is cropped, not recomputed)."""
+    (benchmarks/data): the shared prefix prefilled once, its KV cache copied to every row, the
+    prompts batched together and each row leaving the batch when it ends give exactly the replies
+    of transformers' `generate` on each whole prompt alone; so do prompts that share less of the
+    prefix (the cached prefix is cropped, not recomputed)."""
+    import torch
     from benchmarks.teacher_requests import load
 
-    cfg = dict(kind="hf", model=SMOL, prompt_template=str(ROOT / "experiments/llm-teacher/prompt.txt"),
-               max_new_tokens=16)
-    cached = build_teacher(TeacherConfig(**cfg))
-    alone = build_teacher(TeacherConfig(**cfg, prefix_cache=False, batch_size=1))
+    teacher = build_teacher(TeacherConfig(kind="hf", model=SMOL, max_new_tokens=16,
+                                          prompt_template=str(ROOT / "experiments/llm-teacher/prompt.txt")))
+    tok, model = teacher.tokenizer, teacher.model
+
+    def alone(chat):
+        ids = tok(tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True),
+                  add_special_tokens=False, return_tensors="pt")["input_ids"]
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, generation_config=teacher.generation)
+        return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
     seen, requests = set(), []
     for r in load()[0]:                         # distinct attempts, mixed prompt lengths
         if (r.messages[0]["content"], r.messages[1]["content"]) not in seen:
             seen.add((r.messages[0]["content"], r.messages[1]["content"]))
             requests.append(r)
-    chats = [cached.template.render(r) for r in requests[:10]]
-    assert cached.complete(chats) == alone.complete(chats)
-    shared = len(cached.prefix.ids)
-    assert shared > 100 and cached.timing["generate_calls"] == 1 and cached.timing["prefix_tokens"] == shared
-    assert cached.timing["prefill_tokens"] < 10 * 40        # only the tails were prefilled
+    chats = [teacher.template.render(r) for r in requests[:8]]
+    assert teacher.own_greedy
+    replies = teacher.complete(chats)
+    timing, shared = dict(teacher.timing), len(teacher.prefix.ids)
+    assert shared > 100 and timing["generate_calls"] == 1 and timing["prefix_tokens"] == shared
+    assert timing["prefill_tokens"] < 8 * 40                 # only the tails were prefilled
+    assert replies == [alone(c) for c in chats]
+    assert len({len(tok(r)["input_ids"]) for r in replies}) > 1      # rows ended at different steps
     # A prompt whose second few-shot turn differs shares only the first part: the prefix shrinks.
     odd = [dict(m) for m in chats[0]]
     odd[3]["content"] = odd[3]["content"].replace("20 + 15", "21 + 15")
-    assert cached.complete([odd, chats[1]]) == alone.complete([odd, chats[1]])
-    assert 16 <= len(cached.prefix.ids) < shared
+    assert teacher.complete([odd, chats[1]]) == [alone(odd), alone(chats[1])]
+    assert 16 <= len(teacher.prefix.ids) < shared
 
 
 def test_hf_teacher_writes_parsed_hints(hf_teacher):
