@@ -74,21 +74,28 @@ def summarize(run: Path) -> dict:
 def main() -> int:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/llm-teacher")
     runs = sorted(p for p in root.iterdir() if (p / "metrics.jsonl").is_file() and "-s" in p.name
-                  and not p.name.startswith("warmstart"))
+                  and not p.name.startswith("warmstart") and load(p).index.max() > WARMSTART_END)
     table = pd.DataFrame([summarize(r) for r in runs])
     evals = sorted((c for c in table.columns if c.startswith("acc@")), key=lambda c: int(c[4:]))
     first = ["run", "teacher", "steps", *evals]
     table = table[first + [c for c in table.columns if c not in first]]
     pd.set_option("display.width", 250)
     print(table.to_markdown(index=False, floatfmt=".3f"))
-    numeric = table.drop(columns=["run"]).groupby("teacher")
-    spread = numeric.agg(["mean", "min", "max", "count"])
-    print()
-    cols = ["acc@1200", "peak (RL)", "end", "hinted end", "hint rate", "hints true", "median step s"]
-    lines = ["| teacher | seeds | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
-    for teacher, r in spread.iterrows():
-        cells = [f"{r[(c, 'mean')]:.3f} ({r[(c, 'min')]:.3f}..{r[(c, 'max')]:.3f})" for c in cols]
-        lines.append(f"| {teacher} | {int(r[('end', 'count')])} | " + " | ".join(cells) + " |")
+    # Mean (min..max) over seeds: the first RL evaluation over every run, the rest over the runs
+    # that ran the whole RL phase.
+    full = table[table["steps"] == table["steps"].max()]
+    early = ["acc@1200", "acc@1300"]
+    late = ["peak (RL)", "end", "hinted end", "hint rate", "hints true", "median step s (last 100)"]
+    lines = ["| teacher | seeds (all / whole phase) | " + " | ".join(early + late) + " |",
+             "|---|---|" + "---|" * (len(early) + len(late))]
+
+    def cell(values: pd.Series) -> str:
+        return f"{values.mean():.3f} ({values.min():.3f}..{values.max():.3f})" if len(values) else "—"
+
+    for teacher, rows in table.groupby("teacher"):
+        whole = full[full["teacher"] == teacher]
+        lines.append(f"| {teacher} | {len(rows)} / {len(whole)} | " + " | ".join(
+            [cell(rows[c].dropna()) for c in early] + [cell(whole[c].dropna()) for c in late]) + " |")
     print("\n".join(lines))
     return 0
 
