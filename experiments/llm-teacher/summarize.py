@@ -81,6 +81,7 @@ def main() -> int:
     table = table[first + [c for c in table.columns if c not in first]]
     pd.set_option("display.width", 250)
     print(table.to_markdown(index=False, floatfmt=".3f"))
+    print()
     # Mean (min..max) over seeds: the first RL evaluation over every run, the rest over the runs
     # that ran the whole RL phase.
     full = table[table["steps"] == table["steps"].max()]
