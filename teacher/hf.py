@@ -219,13 +219,14 @@ class HFTeacher(ChatTeacher):
         to max_new_tokens. Positions count only real tokens, as `generate` does from the mask."""
         from transformers import DynamicCache
 
-        eos = torch.tensor(self.generation.eos_token_id if isinstance(self.generation.eos_token_id, list)
-                           else [self.generation.eos_token_id], device=ids.device)
+        eos = self.generation.eos_token_id
+        eos = eos if isinstance(eos, list) else [eos if eos is not None else self.tokenizer.eos_token_id]
+        eos = torch.tensor(eos, device=ids.device)
         cache = cache if cache is not None else DynamicCache(config=self.model.config)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         logits = self.model(input_ids=ids[:, n:], attention_mask=mask, position_ids=positions[:, n:],
                             cache=cache, use_cache=True, logits_to_keep=1).logits
-        rows, last = torch.arange(len(ids)), positions[:, -1]
+        rows, last = torch.arange(len(ids), device=ids.device), positions[:, -1]
         replies: list[list[int]] = [[] for _ in range(len(ids))]
         for step in range(self.cfg.max_new_tokens):
             token = logits[:, -1].argmax(-1)
