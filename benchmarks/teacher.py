@@ -22,7 +22,8 @@ distinct prompts sent, generated tokens and tokens/s, the prefill/decode split (
 forward clock; vLLM: from its /metrics, summed over requests, so they overlap under concurrency;
 transformers serve: not available), peak resident memory of the process(es) holding the model,
 and how many replies equal hf-plain's. Every path runs in its own process (hf) or server, with
-`--threads` threads (the trainer's default: all cores). Writes benchmarks/results/teacher-cpu.json
+`--threads` threads (the trainer's default: all cores), except vLLM, which binds its own (one
+compute thread per core, less one core kept for its scheduler and HTTP front end). Writes benchmarks/results/teacher-cpu.json
 and .md.
 """
 from __future__ import annotations
