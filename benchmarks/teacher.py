@@ -64,18 +64,6 @@ def _peak_rss_mib(pids: list[int]) -> float:
     return total / 1024
 
 
-def _group_pids(pgid: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.getpgid(int(entry.name)) == pgid:
-                    pids.append(int(entry.name))
-            except OSError:
-                pass
-    return pids
-
-
 def _vllm_metrics(base_url: str) -> dict[str, float]:
     """vLLM's prometheus counters that split a request's time and tokens (sums over requests)."""
     import urllib.request
@@ -131,7 +119,7 @@ def run_path(name: str, threads: int, requests_file: Path, log_dir: Path) -> dic
                   file=sys.stderr, flush=True)
 
     if name in SERVER_OF:
-        from teacher.server import served
+        from teacher.server import group_members, served
 
         log = log_dir / f"teacher-{name}.log"
         # transformers serve computes with torch's threads; vLLM on the CPU binds one compute
@@ -144,7 +132,7 @@ def run_path(name: str, threads: int, requests_file: Path, log_dir: Path) -> dic
             _count_sent(teacher, tok)
             sample = (lambda: _vllm_metrics(server.base_url)) if name == "vllm-serve" else None
             answer(teacher, sample)
-            result["peak_rss_mib"] = _peak_rss_mib(_group_pids(server.pgid))
+            result["peak_rss_mib"] = _peak_rss_mib(group_members(server.pgid))
     else:
         teacher = build_teacher(TeacherConfig(**cfg))
         teacher.own_greedy = name != "hf-plain"      # hf-plain: transformers' generate, as before
