@@ -40,6 +40,9 @@ class TaskConfig:
     buckets: dict[str, Any] = field(default_factory=dict)   # difficulty buckets: name -> settings over `config`
                                              # (own generator and held-out set each; rl/tasks.py)
     mix: dict[str, float] = field(default_factory=dict)     # RL draws buckets by these weights; {} = all alike
+    files: dict[str, str] = field(default_factory=dict)     # more training sources: name -> a JSON-lines file in the task
+                                             # format (e.g. `python -m rl.mine` output), relative to the experiment folder;
+                                             # trained on, never held out; `task.mix` weighs them like buckets
     source: str = "reasoning_gym"            # "reasoning_gym" (task.name) or "jsonl": your own problems (rl/jsonl_task.py)
     path: str = ""                           # source=jsonl: the problem file, relative to the experiment folder
     match: str = "math"                      # source=jsonl: "math" (math-verify) or "exact" text
@@ -104,10 +107,21 @@ class TrainerConfig:
     checkpoint_every: int = 100
     keep_checkpoints: int = 2
     log_rollouts: int = 8                    # attempts per step written to rollouts.jsonl
+    log_problems: bool = True                # every problem of a step, with all its attempts, to problems.jsonl (rl.mine)
     max_nonfinite_steps: int = 3             # consecutive NaN/inf losses before stopping
     threads: int = 0                         # torch threads per rank; 0 = cores / ranks
     export_to: str = ""                      # after the last step, export the model (scripts/export.sh's
                                              # format) to this folder inside the run folder; "" = don't
+
+
+@dataclass
+class EvalConfig:
+    """What the periodic evaluation (every trainer.eval_every steps) and `scripts/eval.sh` run:
+    suites of rl/evals/. Every eval set reported here is kept out of training (rl/contamination.py)."""
+    suites: list[str] = field(default_factory=lambda: ["hinted"])   # names in rl.evals.SUITES
+    private: dict[str, str] = field(default_factory=dict)  # private eval sets (suite "private"): name -> a JSON-lines
+                                             # file in the task format (e.g. mined), relative to the experiment folder;
+                                             # kept out of training even while no listed suite reports them
 
 
 @dataclass
@@ -151,6 +165,7 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     warmstart: WarmstartConfig = field(default_factory=WarmstartConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
 
@@ -302,6 +317,7 @@ def validate(cfg: RunConfig) -> None:
     else:
         _choice(cfg.task.name, reasoning_gym.factory.DATASETS, "task.name")
         _validate_buckets(cfg)
+    _validate_files(cfg)
     _choice(cfg.task.environment, ENVIRONMENTS, "task.environment")
     needs = ENVIRONMENTS[cfg.task.environment].reads_task
     if needs is not None and (cfg.task.name, cfg.task.render) != needs:
@@ -462,7 +478,33 @@ def _validate_jsonl(cfg: RunConfig) -> None:
     _validate_mixes(cfg, set(names))
 
 
+def _validate_files(cfg: RunConfig) -> None:
+    """task.files (training sources) and eval.private (private eval sets) are problem files, read
+    and checked now; eval.suites name registered suites."""
+    from rl.evals import SUITES
+    from rl.jsonl_task import JsonlError, load_problems
+
+    for key, (name, path) in [*(("task.files", kv) for kv in cfg.task.files.items()),
+                              *(("eval.private", kv) for kv in cfg.eval.private.items())]:
+        if not name.replace("-", "_").isidentifier():
+            raise ConfigError(f"{key}.{name}: a source name is letters, digits, '_' or '-'")
+        try:
+            load_problems(path)
+        except JsonlError as err:
+            raise ConfigError(f"{key}.{name}: {err}") from None
+    if not cfg.eval.suites:
+        raise ConfigError(f"eval.suites is empty: list at least one of {sorted(SUITES)}")
+    for suite in cfg.eval.suites:
+        _choice(suite, SUITES, "eval.suites")
+    if "private" in cfg.eval.suites and not cfg.eval.private:
+        raise ConfigError("eval.suites lists 'private' but eval.private names no set (name: a JSON-lines file)")
+
+
 def _validate_mixes(cfg: RunConfig, names: set[str]) -> None:
+    clash = sorted(set(cfg.task.files) & names)
+    if clash:
+        raise ConfigError(f"task.files names {clash}, which are buckets of the task already: name the files otherwise")
+    names = names | set(cfg.task.files)
     for key, mix in (("task.mix", cfg.task.mix), ("warmstart.mix", cfg.warmstart.mix)):
         unknown = sorted(set(mix) - names)
         if unknown:
@@ -649,6 +691,10 @@ def _load_config(experiment_dir: str | Path | None, overrides: list[str]) -> Run
             raise ConfigError(f"{key}={value!r}: text with a NUL character")
     if run_cfg.task.path and not Path(run_cfg.task.path).is_absolute():   # saved absolute, as below
         run_cfg.task.path = str((Path(experiment_dir or ".") / run_cfg.task.path).resolve())
+    for files in (run_cfg.task.files, run_cfg.eval.private):    # saved absolute, as task.path
+        for name, path in files.items():
+            if not Path(path).is_absolute():
+                files[name] = str((Path(experiment_dir or ".") / path).resolve())
     template = run_cfg.teacher.prompt_template
     if template and not Path(template).is_absolute():
         # Named relative to the experiment folder; saved absolute, so a resumed run still finds it.

@@ -11,7 +11,8 @@ no hint, nor does one whose hint the leak guard dropped; those are answered plai
 `eval/teacher_gap` = accuracy_with_hint - accuracy: how far the distillation target is ahead.
 
 `evaluate` returns counts, so that ranks holding shards of the held-out set can sum them;
-`eval_metrics` turns (summed) counts into the logged rates.
+`eval_metrics` turns (summed) counts into the logged rates. The suites of rl/evals/ build on it
+(`plain_only`: no teacher, no retries; `record`: what a suite reads beyond the counts).
 """
 from __future__ import annotations
 
@@ -30,11 +31,16 @@ from teacher import LeakGuard, Teacher
 @torch.no_grad()
 def evaluate(policy: Policy, problems: list[Problem], tasks: TaskSource, teacher: Teacher,
              tok: ByteTokenizer, max_new_tokens: int, teacher_policy: Policy | None = None,
-             env: Environment | None = None, max_turns: int = 1) -> dict[str, float]:
+             env: Environment | None = None, max_turns: int = 1, plain_only: bool = False,
+             record: dict | None = None) -> dict[str, float]:
     """Counts over `problems`, each an episode with `env` (default: one answer, the task's verifier).
-    A hinted retry continues the episode from the hint's target message."""
+    A hinted retry continues the episode from the hint's target message. `plain_only` stops after
+    the plain answers (no teacher). `record`, when given, receives the plain episodes, attempts and
+    verdicts, the hints, and each hinted retry's final answer (rows -> text)."""
     if not problems:
-        return {"n": 0, "solved": 0, "fixed": 0, "hinted": 0, "with_hint": 0}
+        if record is not None:
+            record.update(episodes=None, attempts=[], verdicts=[], retries={}, hints=None)
+        return ({"n": 0, "solved": 0, "fixed": 0, "hinted": 0, "with_hint": 0} if not plain_only else {"n": 0, "solved": 0})
     env = AnswerEnvironment(tasks) if env is None else env
     greedy = Sampling(max_new_tokens=max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id, greedy=True)
 
@@ -47,6 +53,10 @@ def evaluate(policy: Policy, problems: list[Problem], tasks: TaskSource, teacher
     attempts = [t.final_text() for t in transcripts]
     verdicts = plain.verdicts()
     correct = [v.reward >= 1.0 for v in verdicts]
+    if record is not None:
+        record.update(episodes=plain, attempts=attempts, verdicts=verdicts, retries={}, hints=None)
+    if plain_only:
+        return {"n": len(problems), "solved": sum(correct)}
     hinted = hint_failed_attempts(teacher, LeakGuard(), tok, problems, attempts, verdicts,
                                   episodes=list(zip(transcripts, out.completion_ids_NC.tolist())))
     teacher_policy = policy if teacher_policy is None else teacher_policy
@@ -60,9 +70,13 @@ def evaluate(policy: Policy, problems: list[Problem], tasks: TaskSource, teacher
             return {}
         starts = [context.get(r, (env.start(problems[r]), plain.prompts[r])) for r in rows]
         retry = episodes(rows, [h for h, _ in starts], [ids for _, ids in starts])
-        by.generate(retry.prompts, greedy, retry)
+        out = by.generate(retry.prompts, greedy, retry)
+        if by is policy and record is not None:
+            record["retries"].update({r: t.final_text() for r, t in zip(rows, retry.transcripts(out.mask_NC))})
         return {r: v.reward >= 1.0 for r, v in zip(rows, retry.verdicts())}
 
+    if record is not None:
+        record["hints"] = hinted
     retry = solves(hinted.rows, policy)
     if teacher_policy is policy:
         with_hint = {i: retry.get(i, correct[i]) for i in range(len(problems))}

@@ -2,6 +2,8 @@
 
     OUT_DIR/model.safetensors, config.json, generation_config.json   (AutoModelForCausalLM, vLLM)
     OUT_DIR/tokenizer.json, tokenizer_config.json, chat_template.jinja (AutoTokenizer)
+    OUT_DIR/hintrl_config.yaml   the run's resolved config: task, teacher, rollout shape, for
+                                 `scripts/eval.sh OUT_DIR` (rl/eval.py) to evaluate it as the run did
 
 Reads the DeepSpeed checkpoint offline, in one process, at any ZeRO stage: stage 0 stores the
 whole module on rank 0; stages 1-3 are consolidated from every rank's fp32 optimizer partition
@@ -20,7 +22,7 @@ from pathlib import Path
 import torch
 
 from rl.checkpoint import CheckpointError, list_tags, verify
-from rl.config import load_config
+from rl.config import load_config, to_yaml
 from student import safe_load
 from student.model import model_config
 from student.tokenizer import ByteTokenizer
@@ -80,6 +82,7 @@ def export(run_dir: str | Path, out_dir: str | Path, step: int | None = None) ->
     # is the name older transformers, and the engines built on them, also know.
     tok_cfg = out_dir / "tokenizer_config.json"
     tok_cfg.write_text(tok_cfg.read_text().replace('"TokenizersBackend"', '"PreTrainedTokenizerFast"'))
+    (out_dir / "hintrl_config.yaml").write_text(to_yaml(cfg))
     return out_dir
 
 

@@ -116,15 +116,45 @@ class JsonlDataset:
                              "solution": problem.get("solution"), "hints": problem.get("hints", [])}}
 
     def score_answer(self, answer: str | None, entry: dict) -> float:
-        if not answer or not answer.strip():
-            return 0.0
-        if self.match == "exact":
-            return float(answer.strip() == entry["answer"].strip())
-        from math_verify import parse, verify   # imported on first use: sympy is slow to load
+        return score_text(answer, entry["answer"], self.match)
 
-        # math-verify's timeouts use signal.alarm, which only the main thread may set (as teacher/leak.py).
-        timeout = 5 if threading.current_thread() is threading.main_thread() else None
-        gold = parse(entry["answer"], parsing_timeout=timeout)
-        if not gold:   # math-verify found no expression in the reference: fall back to exact text
-            return float(answer.strip() == entry["answer"].strip())
-        return float(verify(gold, parse(answer, parsing_timeout=timeout), timeout_seconds=timeout))
+
+class FileDataset(JsonlDataset):
+    """A problem file beside the task (`task.files`: a training source; `eval.private`: an eval
+    set), e.g. problems `python -m rl.mine` took from runs. A record that carries the task entry it
+    was made from (`entry`, written by rl.mine from a reasoning-gym run) is scored by the task's own
+    verifier (`task_scorer`), so a mined problem is judged as it was when mined; any other record by
+    math-verify or exact text, as `task.source: jsonl`. The prompt is the record's, as written."""
+
+    def __init__(self, problems: list[dict], seed: int, match: str, task_scorer=None):
+        super().__init__(problems, seed, match)
+        self.task_scorer = task_scorer
+
+    @staticmethod
+    def entry(problem: dict) -> dict:
+        entry = JsonlDataset.entry(problem)
+        if isinstance(problem.get("entry"), dict):
+            entry["metadata"]["task_entry"] = problem["entry"]
+        return entry
+
+    def score_answer(self, answer: str | None, entry: dict) -> float:
+        task_entry = entry["metadata"].get("task_entry")
+        if task_entry is not None and self.task_scorer is not None:
+            return float(self.task_scorer(answer, task_entry))
+        return score_text(answer, entry["answer"], self.match)
+
+
+def score_text(answer: str | None, reference: str, match: str) -> float:
+    """1.0 when `answer` matches `reference`: by math-verify (`match="math"`) or exact text."""
+    if not answer or not answer.strip():
+        return 0.0
+    if match == "exact":
+        return float(answer.strip() == reference.strip())
+    from math_verify import parse, verify   # imported on first use: sympy is slow to load
+
+    # math-verify's timeouts use signal.alarm, which only the main thread may set (as teacher/leak.py).
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    gold = parse(reference, parsing_timeout=timeout)
+    if not gold:   # math-verify found no expression in the reference: fall back to exact text
+        return float(answer.strip() == reference.strip())
+    return float(verify(gold, parse(answer, parsing_timeout=timeout), timeout_seconds=timeout))

@@ -4,6 +4,8 @@
                             events.out.tfevents.*
                             metrics.jsonl     one object per step: {"step": n, "train/...": ...}
                             rollouts.jsonl    sampled attempts with reward, feedback and hint
+                            problems.jsonl    every problem of an RL step with all its attempts (rl.mine reads it)
+                            eval_sets.json    the prompt hashes of every eval set the run reports
                             checkpoints/
 
 On resume, lines past the checkpoint's step are dropped first, so the files read as if the run
@@ -50,9 +52,10 @@ class RunLogger:
         os.replace(tmp, run_dir / "config.yaml")
         self.metrics_path = run_dir / "metrics.jsonl"
         self.rollouts_path = run_dir / "rollouts.jsonl"
+        self.problems_path = run_dir / "problems.jsonl"
         if resume_step is not None:
-            _truncate_jsonl(self.metrics_path, resume_step)
-            _truncate_jsonl(self.rollouts_path, resume_step)
+            for path in (self.metrics_path, self.rollouts_path, self.problems_path):
+                _truncate_jsonl(path, resume_step)
         self.tb = SummaryWriter(str(run_dir), purge_step=None if resume_step is None else resume_step + 1)
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
@@ -61,10 +64,19 @@ class RunLogger:
         for key, value in metrics.items():
             self.tb.add_scalar(key, value, step)
 
-    def log_rollouts(self, step: int, records: list[dict]) -> None:
-        with self.rollouts_path.open("a") as f:
+    def log_rollouts(self, step: int, records: list[dict], path: Path | None = None) -> None:
+        with (path or self.rollouts_path).open("a") as f:
             for rec in records:
-                f.write(json.dumps({"step": step, **rec}) + "\n")
+                # default=str: a task entry's metadata may hold what JSON has no type for
+                f.write(json.dumps({"step": step, **rec}, default=str) + "\n")
+
+    def log_problems(self, step: int, records: list[dict]) -> None:
+        self.log_rollouts(step, records, self.problems_path)
+
+    def write_json(self, name: str, value) -> None:
+        tmp = self.run_dir / f"{name}.tmp"
+        tmp.write_text(json.dumps(value, indent=1, sort_keys=True))
+        os.replace(tmp, self.run_dir / name)
 
     def close(self) -> None:
         self.tb.flush()

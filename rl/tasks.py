@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import reasoning_gym
 
-from rl.config import TaskConfig
+from rl.config import EvalConfig, TaskConfig
+from rl.contamination import prompt_hash
 
 ALL = "all"             # the one bucket of a task without `task.buckets`
 
@@ -59,7 +60,7 @@ def bucket_settings(cfg: TaskConfig) -> dict[str, dict]:
 
 
 class TaskSource:
-    def __init__(self, cfg: TaskConfig, seed: int):
+    def __init__(self, cfg: TaskConfig, seed: int, eval_cfg: EvalConfig | None = None):
         self.cfg, self.seed = cfg, seed
         self.train, self.eval_by_bucket = {}, {}
         if cfg.source == "jsonl":
@@ -72,9 +73,21 @@ class TaskSource:
                 self.eval_by_bucket[name] = [self._problem(i, held_out[i], name) for i in range(cfg.eval_size)]
         self.buckets = list(self.train)
         self.eval_problems = [p for problems in self.eval_by_bucket.values() for p in problems]
-        self._eval_prompts = {p.prompt for p in self.eval_problems}
+        self._scorers = dict(self.train)     # bucket -> what scores its problems (train sources and eval sets)
+        self.private = {name: self._load_file(name, path, seed) for name, path in
+                        (eval_cfg.private if eval_cfg is not None else {}).items()}
+        # Every eval set the run reports, as prompt hashes: nothing in them is trained on.
+        self.eval_sets = {f"heldout/{b}": {prompt_hash(p.prompt) for p in problems}
+                          for b, problems in self.eval_by_bucket.items()}
+        self.eval_sets.update({f"private/{name}": {prompt_hash(p.prompt) for p in problems}
+                               for name, problems in self.private.items()})
+        self._blocked = set().union(*self.eval_sets.values())
+        self.refused_at_load: dict[str, int] = {}
+        for k, (name, path) in enumerate(cfg.files.items()):
+            self._add_training_file(name, path, seed + len(self.buckets) + k)
+        self.sources = list(self.train)      # buckets, then files: what a mix may name
         self.cursor = 0          # next training position; saved in checkpoints
-        self.skipped = 0         # training problems skipped because they are held out
+        self.skipped = 0         # training problems drawn from a generator and refused: their hash is in an eval set
 
     def _load_jsonl(self) -> None:
         """`task.source: jsonl`: each bucket of the file split into held-out and training problems
@@ -88,20 +101,50 @@ class TaskSource:
             self.train[name] = JsonlDataset(train, self.seed + k, self.cfg.match)
             self.eval_by_bucket[name] = [self._problem(i, JsonlDataset.entry(p), name) for i, p in enumerate(held_out)]
 
+    def _file_dataset(self, records: list[dict], seed: int):
+        from rl.jsonl_task import FileDataset
+
+        # Records mined from a reasoning-gym run carry their entry: the task's verifier scores them.
+        base = next(iter(self.train.values()), None) if self.cfg.source != "jsonl" else None
+        return FileDataset(records, seed, self.cfg.match, base.score_answer if base is not None else None)
+
+    def _load_file(self, name: str, path: str, seed: int) -> list[Problem]:
+        """A private eval set: every problem of the file, scored like a training file's."""
+        from rl.jsonl_task import load_problems
+
+        records = load_problems(path)
+        bucket = f"private/{name}"
+        self._scorers[bucket] = dataset = self._file_dataset(records, seed)
+        return [Problem(i, r["prompt"], r["answer"], dataset.entry(r), bucket) for i, r in enumerate(records)]
+
+    def _add_training_file(self, name: str, path: str, seed: int) -> None:
+        from rl.jsonl_task import JsonlError, load_problems
+
+        records = load_problems(path)
+        kept = [r for r in records if prompt_hash(r["prompt"]) not in self._blocked]
+        self.refused_at_load[name] = len(records) - len(kept)
+        if not kept:
+            raise JsonlError(f"task.files.{name}={path!r}: all {len(records)} problems are in an eval set this run "
+                             "reports; nothing is left to train on")
+        self.train[name] = self._scorers[name] = self._file_dataset(kept, seed)
+
     def _problem(self, index: int, entry: dict, bucket: str) -> Problem:
+        if bucket in self.cfg.files:         # a file's prompt is its record's, as written
+            return Problem(index, entry["question"], str(entry["answer"]), entry, bucket)
         return Problem(index, render_prompt(entry, self.cfg.render), str(entry["answer"]), entry, bucket)
 
     def bucket_at(self, position: int, mix: dict[str, float]) -> str:
-        """The bucket stream position `position` draws from under `mix` (name -> weight; empty =
-        every bucket alike): a function of (seed, position) only, so resuming needs only the cursor."""
-        if len(self.buckets) == 1:
-            return self.buckets[0]
-        names = [b for b in self.buckets if mix.get(b, 0.0) > 0] if mix else self.buckets
+        """The source (bucket or file) stream position `position` draws from under `mix` (name ->
+        weight; empty = the buckets alike, files only when named): a function of (seed, position)
+        only, so resuming needs only the cursor."""
+        names = [b for b in self.sources if mix.get(b, 0.0) > 0] if mix else self.buckets
+        if len(names) == 1:
+            return names[0]
         weights = [mix[b] for b in names] if mix else None
         return random.Random(f"{self.seed}:{position}").choices(names, weights)[0]
 
     def next_batch(self, n: int, mix: dict[str, float] | None = None) -> list[Problem]:
-        """The next n training problems, drawn from the buckets by `mix` (default `task.mix`)."""
+        """The next n training problems, drawn from the sources by `mix` (default `task.mix`)."""
         mix = self.cfg.mix if mix is None else mix
         batch: list[Problem] = []
         while len(batch) < n:
@@ -109,22 +152,22 @@ class TaskSource:
             index = self.cursor % self.cfg.train_size
             self.cursor += 1
             problem = self._problem(index, self.train[bucket][index], bucket)
-            if problem.prompt in self._eval_prompts:
+            if prompt_hash(problem.prompt) in self._blocked:
                 self.skipped += 1
                 continue
             batch.append(problem)
         return batch
 
     def assert_disjoint(self, problems: list[Problem]) -> None:
-        leaked = [p.prompt for p in problems if p.prompt in self._eval_prompts]
-        assert not leaked, f"held-out problems reached training: {leaked[:3]}"
+        leaked = [p.prompt for p in problems if prompt_hash(p.prompt) in self._blocked]
+        assert not leaked, f"held-out or private eval problems reached training: {leaked[:3]}"
 
     def verify(self, problem: Problem, attempt: str) -> Verdict:
         """The verifier's verdict. `task.reward=binary` (default) pays 1 only for a fully correct
         answer: reasoning-gym's scores give partial credit (0.75 for -280 against -28, for any
         attempt that contains the answer), which would reward wrong answers in the policy gradient
         while the hint methods treat them as failed. `partial` keeps the verifier's score."""
-        score = float(self.train[problem.bucket].score_answer(attempt, problem.entry))
+        score = float(self._scorers[problem.bucket].score_answer(attempt, problem.entry))
         if score >= 1.0:
             feedback = "correct"
         elif not attempt.strip():

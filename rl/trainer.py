@@ -41,7 +41,8 @@ from rl import distributed as dist
 from rl.engine import build_engine, call_through
 from rl.environments import build_environment
 from rl.episodes import Episodes
-from rl.evaluate import eval_metrics, evaluate
+from rl.contamination import prompt_hash
+from rl.evals import EvalContext, metrics_of, run_suites
 from rl.losses import group_advantages, normaliser, sft_loss
 from rl.methods import StepContext, get_method
 from rl.rollout_model import RolloutModel
@@ -78,7 +79,7 @@ class Trainer:
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.tok = ByteTokenizer()
-        self.tasks = TaskSource(cfg.task, cfg.seed)
+        self.tasks = TaskSource(cfg.task, cfg.seed, cfg.eval)
         self.env = build_environment(cfg.task.environment, self.tasks)
         self.teacher = build_teacher(cfg.teacher)
         ws_kind = cfg.warmstart.teacher or cfg.teacher.kind
@@ -125,6 +126,12 @@ class Trainer:
         self.log = RunLogger(run_dir, config_yaml, resume_step) if self.is_main else None
         self.config_hash = hashlib.sha256(config_yaml.encode()).hexdigest()[:16]
         self.n_params = count_parameters(self.rollout.module)
+        if self.is_main:
+            self.log.write_json("eval_sets.json", {name: sorted(hashes) for name, hashes in self.tasks.eval_sets.items()})
+            for name, refused in self.tasks.refused_at_load.items():
+                if refused:
+                    tqdm.write(f"[contamination] task.files.{name}: {refused} problem(s) are in an eval set this run "
+                               "reports; not trained on")
 
     def _policies(self):
         """The no-gradient policy over the rollout model and the training policy over the engine.
@@ -173,9 +180,11 @@ class Trainer:
                    desc=f"{cfg.experiment}/{cfg.method.name}", disable=not self.is_main)
         try:
             while self.step < self.total_steps:
-                start = time.perf_counter()
+                start, refused = time.perf_counter(), self.tasks.skipped
                 in_warmstart = self.step < cfg.warmstart.steps
                 metrics = self.warmstart_step() if in_warmstart else self.rl_step()
+                # training problems drawn this step and refused: their prompt is in an eval set
+                metrics["data/refused_eval_overlap"] = self.tasks.skipped - refused
                 self.step += 1
                 metrics["time/step_s"] = time.perf_counter() - start
                 metrics.update(self.budget.close_step())
@@ -211,22 +220,15 @@ class Trainer:
                 or s == self.total_steps)
 
     def evaluate(self) -> dict[str, float]:
-        """Each rank answers its share of the held-out problems; counts are summed over ranks.
-        With difficulty buckets, each bucket's metrics are also logged under eval/<metric>/<bucket>."""
+        """The suites of `eval.suites` (rl/evals/): each rank answers its share of every eval set;
+        counts are summed over ranks. With difficulty buckets, each bucket's metrics are also logged
+        under eval/<metric>/<bucket>."""
         self._sync_rollout()
         teacher = self.teacher_weights.policy() if self.teacher_weights.started else self.policy
-        per_bucket = {}
-        for bucket, problems in self.tasks.eval_by_bucket.items():
-            mine = problems[self.rank::self.world]
-            per_bucket[bucket] = dist.sum_over_ranks(evaluate(
-                self.policy, mine, self.tasks, self.teacher, self.tok, self.cfg.rollout.max_new_tokens,
-                teacher_policy=teacher, env=self.env, max_turns=self.cfg.rollout.max_turns))
-        total = {k: sum(c[k] for c in per_bucket.values()) for k in next(iter(per_bucket.values()))}
-        metrics = eval_metrics(total)
-        if len(per_bucket) > 1:
-            for bucket, counts in per_bucket.items():
-                metrics.update({f"{k}/{bucket}": v for k, v in eval_metrics(counts).items()})
-        return metrics
+        ctx = EvalContext(policy=self.policy, tasks=self.tasks, teacher=self.teacher, tok=self.tok, env=self.env,
+                          max_new_tokens=self.cfg.rollout.max_new_tokens, max_turns=self.cfg.rollout.max_turns,
+                          teacher_policy=teacher)
+        return metrics_of(run_suites(self.cfg.eval.suites, ctx, self.rank, self.world, dist.sum_over_ranks))
 
     # ------------------------------------------------------------------ warm-start
     def warmstart_step(self) -> dict[str, float]:
@@ -470,3 +472,22 @@ class Trainer:
         # Logged under the step number this update will complete, like its metrics.
         if self.is_main:
             self.log.log_rollouts(self.step + 1, records)
+            if self.cfg.trainer.log_problems:
+                self.log.log_problems(self.step + 1, self._problem_records(batch, hint_of))
+
+    def _problem_records(self, batch: Batch, hint_of: dict[int, str]) -> list[dict]:
+        """Each problem of this rank's step with every attempt, verdict and hint (rl.mine reads them)."""
+        rows_of: dict[int, list[int]] = {}
+        for i, (group, source) in enumerate(zip(batch.group_N.tolist(), batch.source)):
+            if source == "rollout":
+                rows_of.setdefault(group, []).append(i)
+        records = []
+        for rows in rows_of.values():
+            problem = batch.problems[rows[0]]
+            records.append({"prompt": problem.prompt, "answer": problem.answer, "bucket": problem.bucket,
+                            "hash": prompt_hash(problem.prompt), "entry": problem.entry,
+                            "rewards": [batch.verdicts[i].reward for i in rows],
+                            "attempts": [batch.attempts[i] for i in rows],
+                            "feedback": [batch.verdicts[i].feedback for i in rows],
+                            "hints": [hint_of.get(i) for i in rows]})
+        return records
