@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from omegaconf.nodes import BooleanNode
 
@@ -214,6 +214,14 @@ def _check_layer(base: DictConfig, layer: Any, prefix: str = "") -> None:
                     if isinstance(item, (dict, list)):
                         raise ConfigError(f"key '{full}.{name}': {type(item).__name__} {item!r} is not a "
                                           f"{node._metadata.element_type.__name__}")
+        elif isinstance(node, ListConfig):
+            # A list of names (eval.suites): OmegaConf reports a mapping without the key, takes a
+            # nested list, and reads a bare word as a list's wrong type.
+            if value is not None and not isinstance(value, list):
+                raise ConfigError(f"key '{full}' is a list: give it [NAME, ...], not {type(value).__name__} {value!r}")
+            for item in value or ():
+                if isinstance(item, (dict, list)):
+                    raise ConfigError(f"key '{full}': {type(item).__name__} {item!r} in it is not a name")
         elif isinstance(node, BooleanNode) and type(value) is int and value not in (0, 1):
             raise ConfigError(f"key '{full}': {value} is not a bool (true or false)")
 
@@ -492,6 +500,7 @@ def _validate_files(cfg: RunConfig) -> None:
             load_problems(path)
         except JsonlError as err:
             raise ConfigError(f"{key}.{name}: {err}") from None
+    cfg.eval.suites = list(cfg.eval.suites)
     if not cfg.eval.suites:
         raise ConfigError(f"eval.suites is empty: list at least one of {sorted(SUITES)}")
     for suite in cfg.eval.suites:

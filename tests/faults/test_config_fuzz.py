@@ -35,6 +35,7 @@ EXPERIMENTS = ("default", "repro-guide", "targeted-multistep", "llm-teacher")   
 CATEGORIES = ("unknown_key", "wrong_type", "out_of_range", "bad_choice", "syntax", "combination", "yaml")
 
 # Keys naming one of a fixed set or a registry: a valid value each, the bad ones are made from it.
+EMPTY_MEANS_DEFAULT = {"warmstart.teacher"}      # "" is a valid value: the run's own teacher
 ENUMS = {
     "task.render": "question", "task.reward": "binary", "task.source": "reasoning_gym", "task.match": "math",
     "task.name": "basic_arithmetic", "task.environment": "answer", "student.arch": "qwen3_moe",
@@ -106,6 +107,8 @@ def _kind(t) -> str:
         return t.__name__
     if typing.get_origin(t) is dict:
         return "dict"
+    if typing.get_origin(t) is list:
+        return "list"
     raise AssertionError(f"a config field of type {t!r}: teach this test about it")
 
 
@@ -174,7 +177,7 @@ def _typo(word: str, rng: random.Random) -> str:
 
 def _default_text(key: str) -> str:
     kind = schema()[key][0]
-    return {"bool": "false", "int": "1", "float": "0.5", "str": "x", "dict": "{}"}[kind]
+    return {"bool": "false", "int": "1", "float": "0.5", "str": "x", "dict": "{}", "list": "[]"}[kind]
 
 
 def _nested_dict(key: str, value) -> dict:
@@ -241,6 +244,7 @@ WRONG = {
     "float": ("abc", "[0.1]", "{a: 1}", "true", "null", "", "1.0.0", "0.5x"),
     "bool": ("maybe", "2", "-1", "10", "[true]", "{a: 1}", "1.5", "null", "tru"),
     "dict": ("[1, 2]", "3", "abc", "true", "[]"),
+    "list": ("{a: 1}", "3", "abc", "true", "[[1]]", "[{a: 1}]"),
 }
 
 
@@ -251,8 +255,8 @@ def _wrong_types(rng: random.Random) -> list[Case]:
         exp = _experiment(rng)
         value = rng.choice(WRONG[schema()[key][0]])
         cases.append(Case("wrong_type", exp, _setup(key, exp) + (f"{key}={value}",), (key,)))
-    for key in [k for k in keys if schema()[k][0] == "dict"]:
-        for value in rng.sample(WRONG["dict"], 3):
+    for key in [k for k in keys if schema()[k][0] in ("dict", "list")]:
+        for value in rng.sample(WRONG[schema()[key][0]], 3):
             cases.append(Case("wrong_type", _experiment(rng), (f"{key}={value}",), (key,)))
     for key in rng.sample([k for k in keys if schema()[k][0] == "str" and "." in k], 12):
         # Text fields take command-line text as typed; a list or mapping reaches them through
@@ -305,7 +309,10 @@ def _bad_choices(rng: random.Random) -> list[Case]:
     cases = []
     for key in sorted(enums):
         example = enums[key]
-        for value in rng.sample(["nope", example.upper(), f"{example}_x", f" {example}", "", "null", "1"], 2):
+        bad = ["nope", example.upper(), f"{example}_x", f" {example}", "", "null", "1"]
+        if key in EMPTY_MEANS_DEFAULT:
+            bad.remove("")
+        for value in rng.sample(bad, 2):
             exp = _experiment(rng)
             cases.append(Case("bad_choice", exp, _setup(key, exp) + (f"{key}={value}",), (key,)))
     for key in sorted(BAD_TEXT):
