@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rl.trainer import Trainer   # heavy imports only once the config is known to be good
     from rl.checkpoint import CheckpointError
+    from rl.jsonl_task import JsonlError
     from student.safe_load import UnsafeCheckpointError
     from student.vllm_policy import VLLMEngineError
 
@@ -125,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, UnsafeCheckpointError) as err:
         print(f"checkpoint error: {err}", file=sys.stderr)
         return 1
+    except JsonlError as err:       # a problem file that the eval sets leave nothing of (rl/tasks.py)
+        print(f"task error: {err}", file=sys.stderr)
+        return 2
     except OSError as err:
         if run_dir.exists() and not str(err.filename or "").startswith(str(run_dir)):
             raise     # not the run folder's trouble

@@ -120,3 +120,16 @@ def test_a_run_refuses_planted_problems_logs_them_and_reports_every_suite(tmp_pa
                 "eval/behaviour/eos_rate", "eval/behaviour/hint_echo", "eval/behaviour/answer_tokens"):
         assert key in final, key
     assert 0.0 <= final["eval/behaviour/format_ok"] <= 1.0
+
+
+def test_a_training_file_wholly_inside_the_eval_sets_is_one_error_line(tmp_path, capsys):
+    from rl.train import main
+
+    plain = TaskSource(load_config("experiments/default", TINY).task, 0)
+    only_held = _write(tmp_path / "held.jsonl", [{"prompt": p.prompt, "answer": p.answer} for p in plain.eval_problems[:4]])
+    code = main(["experiments/default", *TINY, f"output_dir={tmp_path / 'runs'}", f"task.files.mined={only_held}",
+                 "task.mix={all: 1, mined: 1}"])
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("task error: task.files.mined=")
+    assert "nothing is left to train on" in err

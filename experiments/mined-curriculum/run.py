@@ -1,0 +1,149 @@
+"""Mine a finished default run, then continue it on a mix that keeps what it solves sometimes.
+
+    python experiments/mined-curriculum/run.py runs/default/RUN [--seeds 0 1 2] [--steps 600]
+
+1. Mine: `python -m rl.mine RUN --remeasure RUN` keeps the problems the run's policy solved only
+   sometimes during RL (0 < pass rate < 1), re-measured on its final checkpoint (16 samples each).
+2. Split them by prompt hash: one half is a training source (`task.files.mined`), the other a
+   private eval set (`eval.private.mined`), which training refuses by hash (rl/contamination.py).
+3. Three arms from the source run's final weights, the same steps, prompts and attempts per step
+   (equal generated tokens), each seed in --seeds, launched and followed through the experiment API
+   (rl/runs.py):
+      plain    the default stream alone
+      mined    task.mix {all: 0.7, mined: 0.3}: 30% of the problems from the mined training half
+      random   the same mix with a file of as many random training-stream problems: the control
+               (the same mix and file plumbing, problems not chosen for the policy)
+4. results/summary.json and results/summary.md: per arm, mean, std and range over seeds of the
+   held-out accuracy (final and peak), the private mined set's accuracy, and tokens generated.
+
+Runs go to runs/mined-curriculum/<arm>-s<seed>; a run that already finished is reused
+(rl.runs.run_all), so the script picks up where it stopped.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rl import runs  # noqa: E402
+
+ARMS = ("plain", "mined", "random")
+MIX = "{all: 0.7, mined: 0.3}"
+
+
+def mine(source: Path, out: Path) -> list[dict]:
+    if not out.is_file():
+        subprocess.run([sys.executable, "-m", "rl.mine", str(source), "--out", str(out), "--remeasure", str(source),
+                        "--samples", "16"], cwd=ROOT, check=True)
+    return [json.loads(line) for line in out.open()]
+
+
+def split(mined: list[dict], folder: Path) -> tuple[Path, Path]:
+    """Training half and private half, by prompt hash (a fixed split whatever the order)."""
+    train, private = folder / "mined-train.jsonl", folder / "mined-private.jsonl"
+    halves = ([r for r in mined if int(r["hash"], 16) % 2 == 0], [r for r in mined if int(r["hash"], 16) % 2 == 1])
+    for path, records in zip((train, private), halves):
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return train, private
+
+
+def random_file(source: Path, n: int, path: Path) -> Path:
+    """n problems of the task's training stream from another seed: the control's file."""
+    from rl.config import load_config
+    from rl.tasks import TaskSource
+
+    cfg = load_config(source)
+    problems = TaskSource(cfg.task, seed=10_000).next_batch(n)
+    path.write_text("".join(json.dumps({"prompt": p.prompt, "answer": p.answer, "entry": p.entry}, default=str) + "\n"
+                            for p in problems))
+    return path
+
+
+def arm_overrides(arm: str, train: Path, control: Path) -> list[str]:
+    if arm == "plain":
+        return []
+    return [f"task.files.mined={train if arm == 'mined' else control}", f"task.mix={MIX}"]
+
+
+def summarize(rows: dict[str, list[dict]], n_mined: tuple[int, int]) -> tuple[dict, str]:
+    def stats(values):
+        values = [v for v in values if v is not None]
+        if not values:
+            return None
+        return {"mean": statistics.mean(values), "std": statistics.pstdev(values), "min": min(values),
+                "max": max(values), "n": len(values)}
+
+    summary = {"mined": {"train": n_mined[0], "private": n_mined[1]}, "arms": {}}
+    for arm, per_seed in rows.items():
+        summary["arms"][arm] = {key: stats([r[key] for r in per_seed]) for key in per_seed[0] if key != "run"}
+        summary["arms"][arm]["runs"] = [r["run"] for r in per_seed]
+    lines = [f"Mined from the source run: {n_mined[0]} training problems, {n_mined[1]} private.", "",
+             "| arm | seeds | held-out start | held-out end | held-out peak | private mined end | generated tokens |",
+             "|---|---|---|---|---|---|---|"]
+
+    def cell(s):
+        return "—" if s is None else f"{s['mean']:.3f} ± {s['std']:.3f} ({s['min']:.3f}..{s['max']:.3f})"
+
+    for arm, s in summary["arms"].items():
+        gen = s["generated"]
+        lines.append(f"| {arm} | {s['start']['n']} | {cell(s['start'])} | {cell(s['final'])} | {cell(s['peak'])} | "
+                     f"{cell(s['private_final'])} | {gen['mean'] / 1e6:.3f}M |")
+    return summary, "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("source", type=Path, help="a finished run of experiments/default")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--parallel", type=int, default=2, help="runs at once (one torch thread each)")
+    args = parser.parse_args(argv)
+    source = args.source.resolve()
+    if runs.status(source)["state"] != "finished":
+        print(f"{source}: not a finished run (python -m rl.runs status {source})", file=sys.stderr)
+        return 2
+    work = ROOT / "runs" / "mined-curriculum" / "data"
+    work.mkdir(parents=True, exist_ok=True)
+    mined = mine(source, work / "mined.jsonl")
+    train, private = split(mined, work)
+    n_train = sum(1 for _ in train.open())
+    control = random_file(source, n_train, work / "random.jsonl")
+    from rl.checkpoint import list_tags
+    from rl.load_policy import cached_export
+
+    start = cached_export(source, list_tags(source / "checkpoints")[-1])   # the final model, exported once
+    common = [f"student.checkpoint={start}", f"eval.private.mined={private}", f"trainer.steps={args.steps}",
+              "trainer.threads=1"]
+    jobs = [(HERE, [*common, *arm_overrides(arm, train, control), f"seed={seed}", f"run_name={arm}-s{seed}"])
+            for seed in args.seeds for arm in ARMS]
+    done = dict(zip([(arm, seed) for seed in args.seeds for arm in ARMS], runs.run_all(jobs, parallel=args.parallel)))
+    rows = {}
+    for arm in ARMS:
+        per_seed = []
+        for seed in args.seeds:
+            run_dir = done[(arm, seed)]
+            acc = runs.compare([run_dir], "eval/accuracy")["runs"][0]
+            private_acc = runs.compare([run_dir], "eval/private/mined/accuracy")["runs"][0]
+            metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+            first = next(m for m in metrics if "eval/accuracy" in m)
+            generated = max(m.get("budget/generated_tokens_total", 0) for m in metrics)
+            per_seed.append({"run": str(run_dir), "start": first["eval/accuracy"], "final": acc["final"],
+                             "peak": acc["peak"], "private_final": private_acc["final"], "generated": generated})
+        rows[arm] = per_seed
+    summary, table = summarize(rows, (n_train, sum(1 for _ in private.open())))
+    (HERE / "results").mkdir(exist_ok=True)
+    (HERE / "results" / "summary.json").write_text(json.dumps(summary, indent=1))
+    (HERE / "results" / "summary.md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
