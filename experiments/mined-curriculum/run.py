@@ -1,4 +1,4 @@
-"""Mine a finished default run, then continue it on a mix that keeps what it solves sometimes.
+"""Mine a finished default run, then train on a mix that keeps what its policy solved sometimes.
 
     python experiments/mined-curriculum/run.py runs/default/RUN [--seeds 0 1 2] [--steps 600]
 
@@ -6,11 +6,11 @@
    sometimes during RL (0 < pass rate < 1), re-measured on its final checkpoint (16 samples each).
 2. Split them by prompt hash: one half is a training source (`task.files.mined`), the other a
    private eval set (`eval.private.mined`), which training refuses by hash (rl/contamination.py).
-3. Three arms from the source run's final weights, the same steps, prompts and attempts per step
-   (equal generated tokens), each seed in --seeds, launched and followed through the experiment API
-   (rl/runs.py):
+3. Three arms of experiments/default (1200 warm-start steps on the generator, then 600 RL steps
+   with hint_distill), the same steps, prompts and attempts per step (equal generated tokens), each
+   seed in --seeds, launched and followed through the experiment API (rl/runs.py):
       plain    the default stream alone
-      mined    task.mix {all: 0.7, mined: 0.3}: 30% of the problems from the mined training half
+      mined    task.mix {all: 0.7, mined: 0.3}: 30% of the RL problems from the mined training half
       random   the same mix with a file of as many random training-stream problems: the control
                (the same mix and file plumbing, problems not chosen for the policy)
 4. results/summary.json and results/summary.md: per arm, mean, std and range over seeds of the
@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from rl import runs  # noqa: E402
 
 ARMS = ("plain", "mined", "random")
+WARMSTART_STEPS = 1200        # experiments/default's: the RL phase starts here
 MIX = "{all: 0.7, mined: 0.3}"
 
 
@@ -72,7 +73,16 @@ def arm_overrides(arm: str, train: Path, control: Path) -> list[str]:
     return [f"task.files.mined={train if arm == 'mined' else control}", f"task.mix={MIX}"]
 
 
-def summarize(rows: dict[str, list[dict]], n_mined: tuple[int, int]) -> tuple[dict, str]:
+def mining_stats(source: Path, mined: list[dict], n_train: int, n_private: int) -> dict:
+    """What the mining saw and kept (from the source's problems.jsonl and the mined file)."""
+    seen = [json.loads(line)["hash"] for line in (source / "problems.jsonl").open()]
+    return {"source": str(source), "appearances": len(seen), "distinct": len(set(seen)), "kept": len(mined),
+            "train": n_train, "private": n_private,
+            "mean_pass_rate_remeasured": statistics.mean(r["pass_rate"] for r in mined),
+            "mean_pass_rate_logged": statistics.mean(r.get("logged_pass_rate", r["pass_rate"]) for r in mined)}
+
+
+def summarize(rows: dict[str, list[dict]], mining: dict) -> tuple[dict, str]:
     def stats(values):
         values = [v for v in values if v is not None]
         if not values:
@@ -80,13 +90,17 @@ def summarize(rows: dict[str, list[dict]], n_mined: tuple[int, int]) -> tuple[di
         return {"mean": statistics.mean(values), "std": statistics.pstdev(values), "min": min(values),
                 "max": max(values), "n": len(values)}
 
-    summary = {"mined": {"train": n_mined[0], "private": n_mined[1]}, "arms": {}}
+    summary = {"mined": mining, "arms": {}}
     for arm, per_seed in rows.items():
         summary["arms"][arm] = {key: stats([r[key] for r in per_seed]) for key in per_seed[0] if key != "run"}
         summary["arms"][arm]["runs"] = [r["run"] for r in per_seed]
-    lines = [f"Mined from the source run: {n_mined[0]} training problems, {n_mined[1]} private.", "",
-             "| arm | seeds | held-out start | held-out end | held-out peak | private mined end | generated tokens |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [f"Mined from {mining['source']}: {mining['distinct']} distinct problems in {mining['appearances']} RL "
+             f"appearances; kept {mining['kept']} with 0 < pass rate < 1 over 16 re-measured samples (mean "
+             f"{mining['mean_pass_rate_remeasured']:.3f}; {mining['mean_pass_rate_logged']:.3f} as logged in RL): "
+             f"{mining['train']} to train on, {mining['private']} private.", "",
+             "| arm | seeds | held-out, RL start | held-out end | held-out peak (RL) | private mined, RL start | "
+             "private mined end | generated tokens |",
+             "|---|---|---|---|---|---|---|---|"]
 
     def cell(s):
         return "—" if s is None else f"{s['mean']:.3f} ± {s['std']:.3f} ({s['min']:.3f}..{s['max']:.3f})"
@@ -94,7 +108,15 @@ def summarize(rows: dict[str, list[dict]], n_mined: tuple[int, int]) -> tuple[di
     for arm, s in summary["arms"].items():
         gen = s["generated"]
         lines.append(f"| {arm} | {s['start']['n']} | {cell(s['start'])} | {cell(s['final'])} | {cell(s['peak'])} | "
-                     f"{cell(s['private_final'])} | {gen['mean'] / 1e6:.3f}M |")
+                     f"{cell(s['private_start'])} | {cell(s['private_final'])} | {gen['mean'] / 1e6:.3f}M |")
+    lines += ["", "Per seed (the arms of a seed share their warm-start exactly): held-out end, and the private mined set's end,",
+              "", "| seed | RL start | plain | mined | random | mined − plain | random − plain | private: plain / mined / random |",
+              "|---|---|---|---|---|---|---|---|"]
+    for k in range(len(rows["plain"])):
+        p, m, r = (rows[arm][k] for arm in ARMS)
+        lines.append(f"| {Path(p['run']).name.split('-s')[-1]} | {p['start']:.3f} | {p['final']:.3f} | {m['final']:.3f} | "
+                     f"{r['final']:.3f} | {m['final'] - p['final']:+.3f} | {r['final'] - p['final']:+.3f} | "
+                     f"{p['private_final']:.3f} / {m['private_final']:.3f} / {r['private_final']:.3f} |")
     return summary, "\n".join(lines) + "\n"
 
 
@@ -115,12 +137,7 @@ def main(argv=None) -> int:
     train, private = split(mined, work)
     n_train = sum(1 for _ in train.open())
     control = random_file(source, n_train, work / "random.jsonl")
-    from rl.checkpoint import list_tags
-    from rl.load_policy import cached_export
-
-    start = cached_export(source, list_tags(source / "checkpoints")[-1])   # the final model, exported once
-    common = [f"student.checkpoint={start}", f"eval.private.mined={private}", f"trainer.steps={args.steps}",
-              "trainer.threads=1"]
+    common = [f"eval.private.mined={private}", f"trainer.steps={args.steps}", "trainer.threads=1"]
     jobs = [(HERE, [*common, *arm_overrides(arm, train, control), f"seed={seed}", f"run_name={arm}-s{seed}"])
             for seed in args.seeds for arm in ARMS]
     done = dict(zip([(arm, seed) for seed in args.seeds for arm in ARMS], runs.run_all(jobs, parallel=args.parallel)))
@@ -132,12 +149,14 @@ def main(argv=None) -> int:
             acc = runs.compare([run_dir], "eval/accuracy")["runs"][0]
             private_acc = runs.compare([run_dir], "eval/private/mined/accuracy")["runs"][0]
             metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
-            first = next(m for m in metrics if "eval/accuracy" in m)
+            rl_evals = [m for m in metrics if "eval/accuracy" in m and m["step"] >= WARMSTART_STEPS]
             generated = max(m.get("budget/generated_tokens_total", 0) for m in metrics)
-            per_seed.append({"run": str(run_dir), "start": first["eval/accuracy"], "final": acc["final"],
-                             "peak": acc["peak"], "private_final": private_acc["final"], "generated": generated})
+            per_seed.append({"run": str(run_dir), "start": rl_evals[0]["eval/accuracy"], "final": acc["final"],
+                             "peak": max(m["eval/accuracy"] for m in rl_evals),
+                             "private_start": rl_evals[0]["eval/private/mined/accuracy"],
+                             "private_final": private_acc["final"], "generated": generated})
         rows[arm] = per_seed
-    summary, table = summarize(rows, (n_train, sum(1 for _ in private.open())))
+    summary, table = summarize(rows, mining_stats(source, mined, n_train, sum(1 for _ in private.open())))
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "summary.json").write_text(json.dumps(summary, indent=1))
     (HERE / "results" / "summary.md").write_text(table)
