@@ -8,6 +8,8 @@ Stage 1  large/   a 2.86M-parameter student (experiments/teacher's shape), warm-
 Stage 2  small/   the default 1.02M student from scratch, per seed:
                     distill-s<seed>  method teacher_distill, method.teacher_path = stage 1's export
                     grpo-s<seed>     method grpo: the same steps and rollouts without the teacher (baseline)
+                    untrained-distill-s<seed>  teacher_distill from an untrained model of stage 1's
+                                     shape: the control, which should not work
 Stage 3  rl.eval  every final model (stage 1's export and each stage 2 run) on the same suites
                   (hinted: held-out accuracy, hinted accuracy and the teacher gap; behaviour)
          -> results/summary.json, results/summary.md (mean ± std and range over seeds, tokens)
@@ -28,6 +30,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rl import runs  # noqa: E402
+from rl.config import load_config  # noqa: E402
 
 SUITES = ["hinted", "behaviour"]
 KEYS = ("eval/accuracy", "eval/accuracy_hinted", "eval/teacher_gap", "eval/behaviour/format_ok",
@@ -39,6 +42,14 @@ def evaluate(model: Path) -> dict:
 
     report = evaluate_model(model, SUITES)
     return {k: v for s in report["suites"].values() for k, v in s["metrics"].items()}
+
+
+def curve(run_dir: Path, warmstart_steps: int) -> dict:
+    """Held-out accuracy at the warm-start's end, the RL phase's peak, and the end (metrics.jsonl)."""
+    evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    evals = [(r["step"], r["eval/accuracy"]) for r in evals if "eval/accuracy" in r and r["step"] >= warmstart_steps]
+    return {"warmstart_end": evals[0][1], "peak": max(a for _, a in evals), "end": evals[-1][1],
+            "lift": evals[-1][1] - evals[0][1]}
 
 
 def tokens(run_dir: Path) -> dict:
@@ -57,8 +68,12 @@ def main(argv=None) -> int:
     parser.add_argument("--parallel", type=int, default=2, help="stage-2 runs at once (one torch thread each)")
     args = parser.parse_args(argv)
 
-    # Stage 1: the larger student, exported.
-    [large] = runs.run_all([(HERE / "large", ["run_name=large-s0", "seed=0"])], parallel=1)
+    # Stage 1: the larger student, exported; and the control's teacher: the same shape untrained
+    # (one RL step at a negligible learning rate, so that there is a checkpoint to export).
+    large, untrained = runs.run_all([(HERE / "large", ["run_name=large-s0", "seed=0"]),
+                                     (HERE / "large", ["run_name=untrained-s0", "seed=0", "warmstart.steps=0",
+                                                       "trainer.steps=1", "trainer.lr=1e-12", "trainer.eval_every=1"])],
+                                    parallel=1)
     export = large / "export"
     print(f"stage 1 done: {large} -> {export}", flush=True)
 
@@ -68,6 +83,8 @@ def main(argv=None) -> int:
         common = [f"seed={seed}", "trainer.threads=1"]
         jobs.append((HERE / "small", [*common, f"method.teacher_path={export}", f"run_name=distill-s{seed}"]))
         jobs.append((HERE / "small", [*common, "method.name=grpo", f"run_name=grpo-s{seed}"]))
+        jobs.append((HERE / "small", [*common, f"method.teacher_path={untrained / 'export'}",
+                                      f"run_name=untrained-distill-s{seed}"]))
     small = runs.run_all(jobs, parallel=args.parallel)
     print("stage 2 done: " + ", ".join(d.name for d in small), flush=True)
 
@@ -75,13 +92,18 @@ def main(argv=None) -> int:
     models = {"large": export, **{d.name: d for d in small}}
     results = {name: {"metrics": evaluate(path), "tokens": tokens(large if name == "large" else path),
                       "model": str(path)} for name, path in models.items()}
+    for name, path in models.items():      # the trainer's own evaluations along the run
+        run_dir = large if name == "large" else path
+        results[name]["curve"] = curve(run_dir, load_config(run_dir).warmstart.steps)
     summary = {"suites": SUITES, "models": results, "arms": {}}
-    for arm in ("large", "distill", "grpo"):
+    for arm in ("large", "distill", "grpo", "untrained-distill"):
         names = [n for n in results if n == arm or n.startswith(f"{arm}-s")]
         summary["arms"][arm] = {"runs": names, **{key: _stats([results[n]["metrics"].get(key) for n in names])
                                                   for key in KEYS}}
         summary["arms"][arm]["generated"] = _stats([results[n]["tokens"].get("generated") for n in names])
         summary["arms"][arm]["scored"] = _stats([results[n]["tokens"].get("scored") for n in names])
+        for key in ("warmstart_end", "peak", "lift"):
+            summary["arms"][arm][key] = _stats([results[n]["curve"][key] for n in names])
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "summary.json").write_text(json.dumps(summary, indent=1))
     table = _table(summary)
@@ -113,6 +135,14 @@ def _table(summary: dict) -> str:
                      f"{cell(s['eval/behaviour/format_ok'])} | {cell(s['eval/behaviour/eos_rate'])} | "
                      f"{cell(s['eval/behaviour/answer_tokens'], digits=2)} | {cell(s['generated'], 1e6, 2)}M | "
                      f"{cell(s['scored'], 1e6, 2)}M |")
+    lines += ["", "Held-out accuracy along each run (the trainer's evaluations; a seed's two runs share their warm-start):", "",
+              "| run | warm-start end | RL peak | end | lift over warm-start |", "|---|---|---|---|---|"]
+    for name, r in summary["models"].items():
+        c = r["curve"]
+        lines.append(f"| {name} | {c['warmstart_end']:.3f} | {c['peak']:.3f} | {c['end']:.3f} | {c['lift']:+.3f} |")
+    lines += ["", "| arm | lift over warm-start (mean ± std, range) | RL peak |", "|---|---|---|"]
+    for arm, s in summary["arms"].items():
+        lines.append(f"| {arm} | {cell(s['lift'])} | {cell(s['peak'])} |")
     return "\n".join(lines) + "\n"
 
 
