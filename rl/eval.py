@@ -35,7 +35,7 @@ def evaluate_model(model: str | Path, suites: list[str] | None = None, experimen
 
     from rl.contamination import prompt_hash, set_digest
     from rl.environments import build_environment
-    from rl.evals import EvalContext, run_suites
+    from rl.evals import SUITES, EvalContext, run_suites, suites_to_run
     from rl.load_policy import load_policy
     from rl.tasks import TaskSource
     from teacher import build_teacher
@@ -48,14 +48,12 @@ def evaluate_model(model: str | Path, suites: list[str] | None = None, experimen
     ctx = EvalContext(policy=loaded.policy, tasks=tasks, teacher=build_teacher(cfg.teacher), tok=loaded.tok,
                       env=build_environment(cfg.task.environment, tasks), max_new_tokens=cfg.rollout.max_new_tokens,
                       max_turns=cfg.rollout.max_turns)
-    from rl.evals import SUITES, suites_to_run
-
     report = {"model": str(model), "loaded": loaded.description, "suites": {}}
     for name, result in run_suites(cfg.eval.suites, ctx).items():
-        sets = SUITES[name]().sets(tasks)
+        sets = {s: {prompt_hash(p.prompt) for p in problems} for s, problems in SUITES[name]().sets(tasks).items()}
         report["suites"][name] = {"metrics": result["metrics"], "sets": {
-            s: {"n": len(problems), "digest": set_digest({prompt_hash(p.prompt) for p in problems}),
-                "hashes": sorted({prompt_hash(p.prompt) for p in problems})} for s, problems in sets.items()}}
+            s: {"n": int(result["counts"][s]["n"]), "digest": set_digest(hashes), "hashes": sorted(hashes)}
+            for s, hashes in sets.items()}}
     report["skipped"] = [n for n in cfg.eval.suites if n not in suites_to_run(cfg.eval.suites)]
     return report
 

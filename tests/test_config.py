@@ -155,3 +155,15 @@ def test_a_layer_replaces_buckets_and_mixes_whole(tmp_path):
 def test_an_environment_that_cannot_read_the_task_is_named(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config("experiments/default", [override])
+
+
+def test_the_chained_stages_load(tmp_path):
+    """experiments/model-chain's stages are configs of their own (chain.py launches them); stage 2
+    names stage 1's export, here any model folder."""
+    large = load_config(ROOT / "experiments" / "model-chain" / "large")
+    assert (large.experiment, large.trainer.export_to, large.student.hidden_size) == ("model-chain-large", "export", 192)
+    (tmp_path / "config.json").write_text("{}")
+    small = load_config(ROOT / "experiments" / "model-chain" / "small", [f"method.teacher_path={tmp_path}"])
+    assert (small.experiment, small.method.name, small.student.hidden_size) == ("model-chain-small", "teacher_distill", 128)
+    with pytest.raises(ConfigError, match="method.teacher_path is required"):
+        load_config(ROOT / "experiments" / "model-chain" / "small")

@@ -137,7 +137,8 @@ def main(argv=None) -> int:
     train, private = split(mined, work)
     n_train = sum(1 for _ in train.open())
     control = random_file(source, n_train, work / "random.jsonl")
-    common = [f"eval.private.mined={private}", f"trainer.steps={args.steps}", "trainer.threads=1"]
+    common = [f"eval.private.mined={private}", "eval.suites=[hinted,private,behaviour]", f"trainer.steps={args.steps}",
+              "trainer.threads=1"]
     jobs = [(HERE, [*common, *arm_overrides(arm, train, control), f"seed={seed}", f"run_name={arm}-s{seed}"])
             for seed in args.seeds for arm in ARMS]
     done = dict(zip([(arm, seed) for seed in args.seeds for arm in ARMS], runs.run_all(jobs, parallel=args.parallel)))
