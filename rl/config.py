@@ -624,10 +624,10 @@ def _text_keys(layer: Any, source: str, prefix: str = "") -> None:
         _text_keys(value, source, f"{prefix}{key}.")
 
 
-def _merge_experiment(cfg: DictConfig, folder: Path, seen: tuple[Path, ...]) -> DictConfig:
-    """Merge folder/config.yaml onto cfg; a top-level `base: ../other` (relative to the folder)
-    merges that experiment's config first, so a variant states only what it changes."""
-    path = folder / "config.yaml"
+def _merge_experiment(cfg: DictConfig, folder: Path, seen: tuple[Path, ...], name: str = "config.yaml") -> DictConfig:
+    """Merge folder/config.yaml (or folder/`name`) onto cfg; a top-level `base: ../other` (relative
+    to the folder) merges that experiment's config first, so a variant states only what it changes."""
+    path = folder / name
     if not path.is_file():
         raise ConfigError(f"{path}: no such file (an experiment folder holds config.yaml)")
     if path.resolve() in seen:
@@ -653,7 +653,8 @@ def _merge_experiment(cfg: DictConfig, folder: Path, seen: tuple[Path, ...]) -> 
 
 
 def load_config(experiment_dir: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
-    """Schema defaults ← `experiment_dir/config.yaml` ← `overrides` ("a.b=value" strings). Any
+    """Schema defaults ← `experiment_dir/config.yaml` (or a .yaml file named directly) ← `overrides`
+    ("a.b=value" strings). Any
     problem is one ConfigError of one line (a value with a line break in it is shown escaped)."""
     try:
         return _load_config(experiment_dir, overrides)
@@ -665,8 +666,12 @@ def load_config(experiment_dir: str | Path | None = None, overrides: list[str] =
 
 def _load_config(experiment_dir: str | Path | None, overrides: list[str]) -> RunConfig:
     cfg = copy.deepcopy(_defaults())
+    config_name = "config.yaml"
+    if experiment_dir is not None and Path(experiment_dir).suffix in (".yaml", ".yml") and Path(experiment_dir).is_file():
+        # A config file of another name (an export's hintrl_config.yaml): its folder is the experiment's.
+        experiment_dir, config_name = Path(experiment_dir).parent, Path(experiment_dir).name
     if experiment_dir is not None:
-        cfg = _merge_experiment(cfg, Path(experiment_dir), seen=())
+        cfg = _merge_experiment(cfg, Path(experiment_dir), seen=(), name=config_name)
         if not cfg.experiment:
             cfg.experiment = Path(experiment_dir).resolve().name
     for item in overrides:

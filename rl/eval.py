@@ -35,7 +35,7 @@ def evaluate_model(model: str | Path, suites: list[str] | None = None, experimen
 
     from rl.contamination import prompt_hash, set_digest
     from rl.environments import build_environment
-    from rl.evals import SUITES, EvalContext, run_suites, suites_to_run
+    from rl.evals import EvalContext, run_suites, suites_to_run
     from rl.load_policy import load_policy
     from rl.tasks import TaskSource
     from teacher import build_teacher
@@ -50,7 +50,7 @@ def evaluate_model(model: str | Path, suites: list[str] | None = None, experimen
                       max_turns=cfg.rollout.max_turns)
     report = {"model": str(model), "loaded": loaded.description, "suites": {}}
     for name, result in run_suites(cfg.eval.suites, ctx).items():
-        sets = {s: {prompt_hash(p.prompt) for p in problems} for s, problems in SUITES[name]().sets(tasks).items()}
+        sets = {s: {prompt_hash(p.prompt) for p in problems} for s, problems in result["sets"].items()}
         report["suites"][name] = {"metrics": result["metrics"], "sets": {
             s: {"n": int(result["counts"][s]["n"]), "digest": set_digest(hashes), "hashes": sorted(hashes)}
             for s, hashes in sets.items()}}

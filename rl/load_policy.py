@@ -78,13 +78,6 @@ def _run_config(run_dir: Path, overrides) -> RunConfig:
     return load_config(run_dir, list(overrides))
 
 
-def _config_file(path: Path, overrides) -> RunConfig:
-    """load_config reads FOLDER/config.yaml: the export's hintrl_config.yaml goes through a copy."""
-    with tempfile.TemporaryDirectory(prefix="hintrl-config-") as tmp:
-        shutil.copyfile(path, Path(tmp) / "config.yaml")
-        return load_config(tmp, list(overrides))
-
-
 def _manifest_digest(ckpt: Path) -> str:
     return hashlib.sha256((ckpt / MANIFEST).read_bytes()).hexdigest()[:16]
 
@@ -163,7 +156,7 @@ def _export_config(path: Path, experiment, overrides) -> tuple[RunConfig, str]:
         if experiment is not None:
             print(f"[load_policy] {path} holds its own {EXPORT_CONFIG}; experiment={experiment} is not used",
                   file=sys.stderr)
-        return _config_file(own, overrides), str(own)
+        return load_config(own, list(overrides)), str(own)
     if experiment is not None:
         return load_config(experiment, list(overrides)), f"experiment {experiment}"
     for parent in (path.parent, path.parent.parent):      # trainer.export_to, or RUN/exports/<tag>

@@ -76,7 +76,10 @@ def arm_overrides(arm: str, train: Path, control: Path) -> list[str]:
 def mining_stats(source: Path, mined: list[dict], n_train: int, n_private: int) -> dict:
     """What the mining saw and kept (from the source's problems.jsonl and the mined file)."""
     seen = [json.loads(line)["hash"] for line in (source / "problems.jsonl").open()]
-    return {"source": str(source), "appearances": len(seen), "distinct": len(set(seen)), "kept": len(mined),
+    steps = [json.loads(line) for line in (source / "metrics.jsonl").open()]
+    refused = statistics.mean(m.get("data/refused_eval_overlap", 0) for m in steps if m["step"] > 0)
+    return {"source": str(source), "source_refused_per_step": refused,
+            "appearances": len(seen), "distinct": len(set(seen)), "kept": len(mined),
             "train": n_train, "private": n_private,
             "mean_pass_rate_remeasured": statistics.mean(r["pass_rate"] for r in mined),
             "mean_pass_rate_logged": statistics.mean(r.get("logged_pass_rate", r["pass_rate"]) for r in mined)}
@@ -97,7 +100,10 @@ def summarize(rows: dict[str, list[dict]], mining: dict) -> tuple[dict, str]:
     lines = [f"Mined from {mining['source']}: {mining['distinct']} distinct problems in {mining['appearances']} RL "
              f"appearances; kept {mining['kept']} with 0 < pass rate < 1 over 16 re-measured samples (mean "
              f"{mining['mean_pass_rate_remeasured']:.3f}; {mining['mean_pass_rate_logged']:.3f} as logged in RL): "
-             f"{mining['train']} to train on, {mining['private']} private.", "",
+             f"{mining['train']} to train on, {mining['private']} private.",
+             "Training problems refused per step because their hash is in an eval set: "
+             + ", ".join(f"{arm} {stats([r['refused_per_step'] for r in rows[arm]])['mean']:.1f}" for arm in rows)
+             + f" (the source run, held-out set only: {mining['source_refused_per_step']:.1f}).", "",
              "| arm | seeds | held-out, RL start | held-out end | held-out peak (RL) | private mined, RL start | "
              "private mined end | generated tokens |",
              "|---|---|---|---|---|---|---|---|"]
@@ -152,10 +158,12 @@ def main(argv=None) -> int:
             metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
             rl_evals = [m for m in metrics if "eval/accuracy" in m and m["step"] >= WARMSTART_STEPS]
             generated = max(m.get("budget/generated_tokens_total", 0) for m in metrics)
+            refused = statistics.mean(m.get("data/refused_eval_overlap", 0) for m in metrics if m["step"] > 0)
             per_seed.append({"run": str(run_dir), "start": rl_evals[0]["eval/accuracy"], "final": acc["final"],
                              "peak": max(m["eval/accuracy"] for m in rl_evals),
                              "private_start": rl_evals[0]["eval/private/mined/accuracy"],
-                             "private_final": private_acc["final"], "generated": generated})
+                             "private_final": private_acc["final"], "generated": generated,
+                             "refused_per_step": refused})
         rows[arm] = per_seed
     summary, table = summarize(rows, mining_stats(source, mined, n_train, sum(1 for _ in private.open())))
     (HERE / "results").mkdir(exist_ok=True)

@@ -76,14 +76,14 @@ def suites_to_run(names: list[str]) -> list[str]:
 
 def run_suites(names: list[str], ctx: EvalContext, rank: int = 0, world: int = 1,
                sum_over_ranks: Callable[[dict], dict] = dict) -> dict[str, dict]:
-    """suite name -> {"metrics": {...}, "counts": {set: summed counts}}. Each rank evaluates every
+    """suite name -> {"metrics": {...}, "counts": {set: summed counts}, "sets": {set: problems}}. Each rank evaluates every
     world-th problem of every set; `sum_over_ranks` adds the counts up (identity on one rank)."""
     out = {}
     for name in suites_to_run(names):
         suite = SUITES[name]()
-        per_set = {s: sum_over_ranks(suite.counts(ctx, problems[rank::world]))
-                   for s, problems in suite.sets(ctx.tasks).items()}
-        out[name] = {"metrics": suite.report(per_set), "counts": per_set}
+        sets = suite.sets(ctx.tasks)
+        per_set = {s: sum_over_ranks(suite.counts(ctx, problems[rank::world])) for s, problems in sets.items()}
+        out[name] = {"metrics": suite.report(per_set), "counts": per_set, "sets": sets}
     return out
 
 

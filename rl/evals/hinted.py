@@ -4,17 +4,17 @@ accuracy, hint rate and the teacher gap, overall and per bucket (rl/evaluate.py 
 The trainer's default periodic evaluation."""
 from __future__ import annotations
 
-from rl.evals import EvalContext, Suite, register
+from rl.evals import EvalContext, register
+from rl.evals.heldout import HeldOut
 from rl.evaluate import eval_metrics, evaluate
 
 
 @register
-class Hinted(Suite):
+class Hinted(HeldOut):
+    """`heldout`'s sets, with the hinted retries and the self-teacher on top."""
     name = "hinted"
     summary = "accuracy, accuracy with one hinted retry, and the self-teacher's gap, per bucket"
-
-    def sets(self, tasks):
-        return tasks.eval_by_bucket
+    subsumed_by = None
 
     def counts(self, ctx: EvalContext, problems):
         return evaluate(ctx.policy, problems, ctx.tasks, ctx.teacher, ctx.tok, ctx.max_new_tokens,
