@@ -140,6 +140,12 @@ def _table(summary: dict) -> str:
     for name, r in summary["models"].items():
         c = r["curve"]
         lines.append(f"| {name} | {c['warmstart_end']:.3f} | {c['peak']:.3f} | {c['end']:.3f} | {c['lift']:+.3f} |")
+    seeds = sorted(n.split("-s")[-1] for n in summary["models"] if n.startswith("distill-s"))
+    diffs = [summary["models"][f"distill-s{k}"]["curve"]["end"] - summary["models"][f"grpo-s{k}"]["curve"]["end"]
+             for k in seeds if f"grpo-s{k}" in summary["models"]]
+    if diffs:
+        lines += ["", "End, distill − grpo, per seed (" + ", ".join(seeds) + "): "
+                  + ", ".join(f"{d:+.3f}" for d in diffs) + f"; mean {statistics.mean(diffs):+.3f}"]
     lines += ["", "| arm | lift over warm-start (mean ± std, range) | RL peak |", "|---|---|---|"]
     for arm, s in summary["arms"].items():
         lines.append(f"| {arm} | {cell(s['lift'])} | {cell(s['peak'])} |")
