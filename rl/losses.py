@@ -71,28 +71,83 @@ def policy_gradient_loss(logp_NC, old_logp_NC, adv_N, mask_NC, norm: float, clip
     return loss, {"loss/pg": loss.item(), "train/clip_frac": clip_frac}
 
 
-def truncated_is_loss(logp_NC, behaviour_logp_NC, adv_N, mask_NC, norm: float, is_clip: float):
-    """Policy gradient for rows sampled from another distribution (corrected trajectories: sampled
-    with a hint, trained without it), with truncated importance weights per token:
+CORRECTION_WEIGHTS = ("guide", "luffy", "is", "sft")
 
-        ρ_t = π_θ(y_t | x, y_<t) / π_b(y_t | x, h, y_<t),   L = −1/norm Σ_t min(ρ_t, c) A
 
-    The loss value is min(ρ, c) A and its gradient min(ρ, c) A ∇log π_θ: the weight is detached,
-    so a token the hint-free policy finds far likelier than the hinted one (ρ > c) keeps a bounded
-    step (Guide-GRPO's reweighting toward the hint-free policy; the truncation as in SDPO's IS
-    clip and truncated IS). Without any weight the rows would act as SFT on the hinted samples
-    (LUFFY). Per token, not per sequence: a product over a sequence's ratios has a variance
-    exponential in its length.
+def corrected_trajectory_loss(logp_NC, behaviour_logp_NC, adv_N, mask_NC, norm: float, weight: str = "guide",
+                              is_clip: float = 2.0, shape_gamma: float = 0.1, guide_quantile: float = 0.9):
+    """Policy gradient for rows sampled from another distribution: corrected trajectories, sampled
+    with the hint h in context, trained without it. Per token t of a corrected row with advantage A,
+    π_θ = π_θ(y_t | x, y_<t) (no hint), π_b = π_old(y_t | x, h, y_<t) (the hinted sampler), and
+    r = π_θ / π_b. Each choice is an objective J = Σ_t f_t · A whose gradient is w_t · A · ∇log π_θ;
+    the *gradient weight* w_t (= ∂f/∂log π_θ) is what decides whether a hint-supplied token,
+    unlikely without the hint, is learned:
+
+        guide  f = r / (r + γ), γ = the `guide_quantile` (0.9) quantile of r over this call's corrected
+               tokens, floored at 1e-4, detached; no clip.            w = γ r / (r + γ)²
+               Guide-GRPO (Nath et al., arXiv 2506.13923, Eq. 6 with the percentile γ of its code,
+               guide_rl core_algos.compute_policy_loss, gamma_strategy="percentile"). γ moves with
+               the batch, so a token at the batch's typical ratio keeps weight ~1/4 however small
+               the ratios of the whole batch are.
+        luffy  f = π_θ / (π_θ + γ), γ = `shape_gamma` (0.1), the behaviour probability taken as 1;
+               no clip.                                               w = γ π_θ / (π_θ + γ)²
+               LUFFY (Yan et al., arXiv 2504.14945, Eq. 6, policy shaping); Critique-GRPO likewise.
+               For small π_θ, w ≈ π_θ / γ: ten times the raw ratio, still → 0 as π_θ → 0.
+        is     f = min(r, c) · log π_θ with the weight detached, c = `is_clip`.   w = min(r, c)
+               Truncated importance sampling. For a token the hint supplies, π_b ≈ 1 and w ≈ π_θ:
+               the gradient vanishes exactly where the hint-free student finds the token unlikely.
+        sft    f = log π_θ on corrections with A > 0, nothing on the others.     w = 1 (A > 0)
+               STaR's rationalization (Zelikman et al., arXiv 2203.14465, Sec. 3.2): supervised
+               learning on the verified corrections with the hint removed, here scaled by A so that
+               its share of the step matches the policy-gradient rows'.
+
+    Every term is summed over mask_NC and divided by `norm` (rl/losses.py's convention). Per token,
+    not per sequence: a product of a sequence's ratios has a variance exponential in its length; the
+    product is reported instead (`corrected/seq_weight`, over successful corrections).
+
+    Metrics: corrected/weight_pos_mean (mean gradient weight w on tokens with A > 0, the number that
+    says how much a successful correction teaches), corrected/is_ratio_mean (mean r: ≈ 1 by identity,
+    E_{y~π_b}[π_θ/π_b] = 1 at every position, whatever the hint does, so it says little),
+    corrected/is_clipped_frac (`is`), corrected/guide_gamma (`guide`). Returns also, outside the
+    metrics dict, the per-row product of w over each row's tokens (`seq_weight_N`, detached).
     """
+    if weight not in CORRECTION_WEIGHTS:
+        raise ValueError(f"method.weight={weight!r}: choose one of {CORRECTION_WEIGHTS}")
+    mask = mask_NC.bool()
+    zero = torch.zeros((), dtype=logp_NC.dtype, device=logp_NC.device)
     # Masked-out positions may hold -inf (padding): exp(-inf - -inf) is NaN, and a NaN reaches the
     # gradient through a select's zero, so they are replaced before any arithmetic.
-    logp_NC = torch.where(mask_NC.bool(), logp_NC, torch.zeros((), dtype=logp_NC.dtype, device=logp_NC.device))
-    ratio_NC = torch.exp((logp_NC - behaviour_logp_NC).detach())
-    weight_NC = ratio_NC.clamp(max=is_clip)
-    per_token = weight_NC * torch.exp(logp_NC - logp_NC.detach()) * adv_N[:, None]
-    loss = -_masked_sum(per_token, mask_NC) / norm
-    return loss, {"loss/pg_corrected": loss.item(), "corrected/is_ratio_mean": _mean(ratio_NC, mask_NC),
-                  "corrected/is_clipped_frac": _mean((ratio_NC > is_clip).float(), mask_NC)}
+    logp_NC = torch.where(mask, logp_NC, zero)
+    behaviour_logp_NC = torch.where(mask, behaviour_logp_NC, zero)
+    adv_NC = adv_N[:, None].expand_as(logp_NC)
+    log_ratio_NC = logp_NC - behaviour_logp_NC
+    metrics = {}
+    if weight == "guide":
+        ratio_NC = torch.exp(log_ratio_NC)
+        real = ratio_NC.detach()[mask]
+        gamma = torch.quantile(real, guide_quantile).clamp(min=1e-4) if real.numel() else torch.ones((), device=logp_NC.device)
+        f_NC = ratio_NC / (ratio_NC + gamma)
+        w_NC = (gamma * ratio_NC / (ratio_NC + gamma) ** 2).detach()
+        metrics["corrected/guide_gamma"] = gamma.item()
+    elif weight == "luffy":
+        p_NC = torch.exp(logp_NC)
+        f_NC = p_NC / (p_NC + shape_gamma)
+        w_NC = (shape_gamma * p_NC / (p_NC + shape_gamma) ** 2).detach()
+    elif weight == "is":
+        w_NC = torch.exp(log_ratio_NC.detach()).clamp(max=is_clip)
+        # value w·1 at the current parameters, gradient w·∇log π_θ
+        f_NC = w_NC * torch.exp(logp_NC - logp_NC.detach())
+        metrics["corrected/is_clipped_frac"] = _mean((log_ratio_NC.detach().exp() > is_clip).float(), mask_NC)
+    else:  # sft
+        w_NC = (adv_NC > 0).to(logp_NC.dtype)
+        f_NC = w_NC * logp_NC
+    loss = -_masked_sum(f_NC * adv_NC, mask_NC) / norm
+    with torch.no_grad():
+        positive = mask & (adv_NC > 0)
+        seq_weight_N = torch.where(mask, w_NC.clamp(min=1e-30).log(), zero).sum(1).exp()
+        metrics.update({"loss/pg_corrected": loss.item(), "corrected/weight_pos_mean": _mean(w_NC, positive),
+                        "corrected/is_ratio_mean": _mean(log_ratio_NC.exp(), mask_NC)})
+    return loss, metrics, seq_weight_N
 
 
 def span_to_first_divergence(teacher_argmax_NC, tokens_NC, mask_NC):

@@ -1,8 +1,10 @@
 """Tests that something learns: the loss terms, driven through the real policy interface on a tiny
 MoE student, move the policy where they should. Small enough for the fast tier; each asserts a
 margin well outside what chance gives at these seeds and sizes."""
+import functools
 import math
 
+import pytest
 import torch
 
 from rl.losses import (distill_kl_loss, group_advantages, normaliser, policy_gradient_loss, sampled_distill_loss,
@@ -146,7 +148,15 @@ THREE = Sampling(max_new_tokens=3, eos_id=TOK.eos_id, pad_id=TOK.pad_id)
 
 
 def _hint_copier(seed: int = 3, steps: int = 300):
-    """A tiny student trained (SFT) to answer a hint's two digits, on prompts other than TARGETS'."""
+    """A tiny student trained (SFT) to answer a hint's two digits, on prompts other than TARGETS'
+    (trained once per seed; each call gets a fresh copy)."""
+    model, policy = tiny_policy(seed)
+    model.load_state_dict(_hint_copier_weights(seed, steps))
+    return model, policy
+
+
+@functools.lru_cache(maxsize=None)
+def _hint_copier_weights(seed: int, steps: int) -> dict:
     import random
 
     from rl.losses import sft_loss
@@ -163,7 +173,7 @@ def _hint_copier(seed: int = 3, steps: int = 300):
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return model, policy
+    return {k: v.clone() for k, v in model.state_dict().items()}
 
 
 def _correct(roll) -> torch.Tensor:
@@ -185,15 +195,17 @@ def _target_logprob(policy) -> float:
     return (logp * mask).sum(1).mean().item()
 
 
-def _rl_on_toy(corrected: bool, steps: int = 30) -> tuple[float, float]:
-    """GRPO on the toy task, with or without corrected replay's rows (regenerated with the answer as
-    the hint in every all-fail group, trained hint-free with truncated IS weights)."""
-    from rl.losses import truncated_is_loss
+def _rl_on_toy(weight: str | None, steps: int = 30, seed: int = 0) -> tuple[float, float]:
+    """GRPO on the toy task, with (weight = a `method.weight`) or without (None) corrected replay's
+    rows: regenerated with the answer as the hint in every all-fail group, trained hint-free
+    (rl/losses.py::corrected_trajectory_loss) beside the rollout rows, which share the parameters.
+    The hint copier and the RL sampling both follow `seed`."""
+    from rl.losses import corrected_trajectory_loss
 
-    torch.manual_seed(0)
-    model, policy = _hint_copier()
-    before = _target_logprob(policy)
+    model, policy = _hint_copier(3 + seed)
+    torch.manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    before = _target_logprob(policy)
     names = _toy_rows()
     plain = [TOK.render_prompt(q) for q in names]
     group = torch.arange(len(TARGETS)).repeat_interleave(8)
@@ -202,7 +214,7 @@ def _rl_on_toy(corrected: bool, steps: int = 30) -> tuple[float, float]:
         rewards = _correct(roll)
         comp, old, mask, rows_group, prompts, n = roll.completion_ids_NC, roll.logprobs_NC, roll.mask_NC, group, plain, len(plain)
         all_fail = [i for i in range(n) if rewards[group == group[i]].sum() == 0]
-        if corrected and all_fail:
+        if weight and all_fail:
             fix = policy.generate([TOK.render_prompt(names[i], TARGETS[names[i]]) for i in all_fail], THREE)
             fixed = torch.tensor([float(TOK.decode(r.tolist()) == TARGETS[names[i]])
                                   for i, r in zip(all_fail, fix.completion_ids_NC)])
@@ -219,7 +231,7 @@ def _rl_on_toy(corrected: bool, steps: int = 30) -> tuple[float, float]:
         is_rollout = (torch.arange(len(prompts)) < n)[:, None]
         loss, _ = policy_gradient_loss(logp, old, adv, mask & is_rollout, norm)
         if len(prompts) > n:
-            extra, _ = truncated_is_loss(logp, old, adv, mask & ~is_rollout, norm, is_clip=2.0)
+            extra, _, _ = corrected_trajectory_loss(logp, old, adv, mask & ~is_rollout, norm, weight)
             loss = loss + extra
         opt.zero_grad()
         loss.backward()
@@ -227,16 +239,43 @@ def _rl_on_toy(corrected: bool, steps: int = 30) -> tuple[float, float]:
     return before, _target_logprob(policy)
 
 
-def test_corrected_replay_learns_an_answer_grpo_cannot_find():
-    """Every group fails, so GRPO has no signal and does not move; the corrected rows (hinted samples,
-    trained without the hint) raise the hint-free log-probability of the answer. Slowly: the
-    importance weight pi(o|x) / pi_old(o|x,h) is about the hint-free probability of each token, so
-    the rows weigh little exactly while the answer is unlikely without the hint (Guide-GRPO's
-    reweighting; measured here: +3.2 nats in 30 steps, +3.5 in 60)."""
-    before, grpo = _rl_on_toy(corrected=False)
-    _, replay = _rl_on_toy(corrected=True)
+# Measured on this toy (2026-12-05, 2-core CPU; gain in hint-free log p(answer + <eos>), nats; the
+# start is -16.0, -15.0, -11.3, -21.7, -11.3 on seeds 0-4):
+#
+#   weight   30 steps: seeds 0-4                 60 steps: seeds 0-4
+#   sft      +16.0 +15.0 +10.0 +21.7 +11.1       +16.0 +15.0 +11.1 +21.7 +11.3   (all the way, every seed)
+#   guide     -1.9  +5.8  +3.6 +17.4  +5.7        -3.5 +15.0  +9.8 +21.7 +11.2
+#   luffy     -0.3  +2.7  +2.5 +15.3  +6.0        +0.0  +3.3  +7.0 +15.2  +9.6
+#   is        -0.9  +3.7  +2.7 +21.7  +3.8        +0.5  +2.6  +6.6 +21.7  +8.4
+#
+# Only `sft` learns the answer reliably: every other weight gives a hint-supplied token a gradient
+# about its hint-free probability (over γ), so whether it learns depends on the seed's luck in the
+# first steps. The same seed run with 2 threads instead of 1 gave guide +6.5, luffy +4.4, is +4.7
+# and sft +11.8 on seed 0: the tests assert only what held with margin on all five seeds.
+
+
+def test_grpo_cannot_find_the_answer():
+    """Every group fails, so GRPO has no signal and the hint-free log p(answer) does not move."""
+    before, grpo = _rl_on_toy(None)
     assert before < -10 and abs(grpo - before) < 1e-3, (before, grpo)
-    assert replay > before + 2.0, (before, grpo, replay)
+
+
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow),
+                                  pytest.param(3, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)])
+def test_sft_corrections_learn_the_answer(seed):
+    """STaR's weight: the verified corrections, trained hint-free, teach the answer within 30 steps
+    (measured: log p(answer) from -11.3 to -21.7 up to -1.3 or better on seeds 0-4)."""
+    before, after = _rl_on_toy("sft", steps=30, seed=seed)
+    assert before < -10 and after > -2.5, (before, after)
+
+
+@pytest.mark.slow
+def test_shaped_weights_reach_the_answer_on_fewer_seeds_than_sft():
+    """Within 30 steps sft brings log p(answer) above -2.5 on all of seeds 0-4; guide, luffy and is
+    did on at most one of them (is on seed 3) in the measurement above, and on a second machine
+    or thread count the runs differ (a toy RL run amplifies rounding), so the bound is two."""
+    reached = {w: sum(_rl_on_toy(w, steps=30, seed=s)[1] > -2.5 for s in range(5)) for w in ("guide", "luffy", "is")}
+    assert all(n <= 2 for n in reached.values()), reached
 
 
 def test_self_distillation_toward_a_frozen_teacher_shown_the_answer_learns_it():

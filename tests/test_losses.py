@@ -6,9 +6,9 @@ import torch
 
 import pytest
 
-from rl.losses import (distill_kl_loss, group_advantages, normaliser, policy_gradient_loss,
-                       sampled_distill_loss, sft_loss, span_to_first_divergence, topk_distill_loss,
-                       truncated_is_loss)
+from rl.losses import (corrected_trajectory_loss, distill_kl_loss, group_advantages, normaliser,
+                       policy_gradient_loss, sampled_distill_loss, sft_loss, span_to_first_divergence,
+                       topk_distill_loss)
 
 
 def test_group_advantages_dr_grpo_and_std():
@@ -220,16 +220,90 @@ def test_topk_distill_gradient_moves_student_toward_teacher_buckets():
 
 
 # ---------------------------------------------------------------------- corrected rows
-def test_truncated_is_loss_value_gradient_and_clip():
-    """Two tokens with ratios 0.5 and 3 (clip 2), advantage 1, norm 4: value -(0.5 + 2) / 4; the
-    gradient on each token's log-prob is -min(ratio, clip) * A / norm; a padded -inf stays out."""
+def test_truncated_is_weight_value_gradient_and_clip():
+    """weight=is: two tokens with ratios 0.5 and 3 (clip 2), advantage 1, norm 4: value -(0.5 + 2) / 4;
+    the gradient on each token's log-prob is -min(ratio, clip) * A / norm; a padded -inf stays out."""
     old = torch.log(torch.tensor([[0.4, 0.1, 0.5]]))
     logp = torch.log(torch.tensor([[0.2, 0.3, 0.0]])).requires_grad_(True)    # last: -inf, masked out
     mask = torch.tensor([[True, True, False]])
-    loss, m = truncated_is_loss(logp, old, torch.tensor([1.0]), mask, norm=4.0, is_clip=2.0)
+    loss, m, seq = corrected_trajectory_loss(logp, old, torch.tensor([1.0]), mask, norm=4.0, weight="is", is_clip=2.0)
     assert loss.item() == pytest.approx(-(0.5 + 2.0) / 4, rel=1e-5)
     loss.backward()
     torch.testing.assert_close(logp.grad, torch.tensor([[-0.5 / 4, -2.0 / 4, 0.0]]))
     assert m["corrected/is_ratio_mean"] == pytest.approx((0.5 + 3.0) / 2, rel=1e-5)
     assert m["corrected/is_clipped_frac"] == pytest.approx(0.5)
+    assert m["corrected/weight_pos_mean"] == pytest.approx((0.5 + 2.0) / 2, rel=1e-5)
+    assert seq.item() == pytest.approx(0.5 * 2.0, rel=1e-5)          # the product of the row's weights
     assert m["loss/pg_corrected"] == pytest.approx(loss.item())
+
+
+# Three tokens of one corrected row, advantage A = 0.5, norm 2: hint-free probabilities p, hinted
+# (behaviour) probabilities b. The first two are tokens the hint supplies (b ≈ 1, p small).
+P, B, A, NORM = [0.01, 0.001, 0.4], [0.9, 0.95, 0.5], 0.5, 2.0
+
+
+def _corrected(weight, **kw):
+    logp = torch.log(torch.tensor([P + [1.0]], dtype=torch.float64)).requires_grad_(True)   # 4th: padding
+    old = torch.log(torch.tensor([B + [1.0]], dtype=torch.float64))
+    mask = torch.tensor([[True, True, True, False]])
+    loss, m, seq = corrected_trajectory_loss(logp, old, torch.tensor([A], dtype=torch.float64), mask, NORM, weight, **kw)
+    loss.backward()
+    return loss.item(), logp.grad[0, :3].tolist(), m, seq.item()
+
+
+def test_guide_weight_is_the_shaped_ratio_with_the_batch_percentile_gamma():
+    """Guide: f = r/(r+γ), γ = the 90th percentile of r over the corrected tokens (torch.quantile's
+    linear interpolation), gradient on log π: γ r/(r+γ)² · A; no clip."""
+    r = [p / b for p, b in zip(P, B)]
+    s = sorted(r)
+    gamma = s[1] + 0.8 * (s[2] - s[1])          # position 0.9 * (3 - 1) = 1.8 between the 2nd and 3rd
+    value, grad, m, seq = _corrected("guide", guide_quantile=0.9)
+    assert value == pytest.approx(-sum(x / (x + gamma) for x in r) * A / NORM, rel=1e-9)
+    w = [gamma * x / (x + gamma) ** 2 for x in r]
+    assert grad == pytest.approx([-wi * A / NORM for wi in w], rel=1e-9)
+    assert m["corrected/guide_gamma"] == pytest.approx(gamma, rel=1e-9)
+    assert m["corrected/weight_pos_mean"] == pytest.approx(sum(w) / 3, rel=1e-9)
+    assert seq == pytest.approx(w[0] * w[1] * w[2], rel=1e-6)
+    # For r << γ the weight is r/γ: with a token at r ≈ 0.8 in the batch γ ≈ 0.64, and the
+    # hint-supplied tokens weigh only ~1.5x their raw ratio (the percentile is not a floor).
+    assert w[1] == pytest.approx(r[1] / gamma, rel=0.01)
+
+
+def test_luffy_weight_takes_the_behaviour_probability_as_one():
+    """LUFFY: f = π/(π+γ) with the hinted probability ignored, gradient γ π/(π+γ)² · A."""
+    gamma = 0.1
+    value, grad, m, _ = _corrected("luffy", shape_gamma=gamma)
+    assert value == pytest.approx(-sum(p / (p + gamma) for p in P) * A / NORM, rel=1e-9)
+    w = [gamma * p / (p + gamma) ** 2 for p in P]
+    assert grad == pytest.approx([-wi * A / NORM for wi in w], rel=1e-9)
+    assert m["corrected/weight_pos_mean"] == pytest.approx(sum(w) / 3, rel=1e-9)
+    # ≈ p/γ for small p: ten times what the truncated ratio gives on a hint-supplied token
+    assert w[1] == pytest.approx(P[1] / gamma, rel=0.03)
+
+
+def test_sft_weight_is_one_and_only_on_successes():
+    """STaR: every token of a successful correction gets weight 1 (gradient -A/norm on its log-prob);
+    a failed correction (A < 0) is not trained on."""
+    value, grad, m, seq = _corrected("sft")
+    assert value == pytest.approx(-sum(math.log(p) for p in P) * A / NORM, rel=1e-9)
+    assert grad == pytest.approx([-A / NORM] * 3, rel=1e-12)
+    assert m["corrected/weight_pos_mean"] == 1.0 and seq == 1.0
+    logp = torch.log(torch.tensor([[0.2, 0.3]])).requires_grad_(True)
+    loss, _, _ = corrected_trajectory_loss(logp, logp.detach(), torch.tensor([-0.5]), torch.ones(1, 2, dtype=torch.bool),
+                                           1.0, "sft")
+    loss.backward()
+    assert loss.item() == 0.0 and logp.grad.abs().max().item() == 0.0
+
+
+def test_is_weight_vanishes_on_hint_supplied_tokens():
+    """On a hint-supplied token (p = 0.001, b = 0.95) the gradient weight is ~p under every shaped
+    weight: `is` gives p/b, guide r/γ (here 1.6x that), luffy p/γ (9x), sft 1 (~1000x)."""
+    g = {w: abs(_corrected(w)[1][1]) for w in ("is", "guide", "luffy", "sft")}
+    assert g["is"] == pytest.approx((P[1] / B[1]) * A / NORM, rel=1e-9)
+    assert g["is"] < g["guide"] < 2 * g["is"] < g["luffy"] < g["sft"] / 50
+
+
+def test_unknown_correction_weight_names_the_choices():
+    with pytest.raises(ValueError, match="guide"):
+        corrected_trajectory_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1, dtype=torch.bool),
+                                  1.0, "ppo")

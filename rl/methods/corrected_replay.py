@@ -6,9 +6,14 @@ failed attempt), the student regenerates the target message with the hint in its
 (`corrections_per_attempt` samples each), the verifier scores the regenerations, and they join
 their prompt's group as extra rows whose context is the problem *without* the hint. Advantages are
 taken over the grown group, so a corrected success in an all-fail group is the group's only
-positive signal. Their policy-gradient term is reweighted toward the hint-free policy,
-ρ_t = π_θ(y_t | x) / π_old(y_t | x, h) per token, truncated at `is_clip`
-(rl/losses.py::truncated_is_loss); the rollout rows keep GRPO's PPO-clip term.
+positive signal. The rollout rows keep GRPO's PPO-clip term; the corrected rows' term weighs each
+token by `method.weight` (rl/losses.py::corrected_trajectory_loss, each with its paper's equation):
+
+    guide  (default) r/(r+γ), r = π_θ(y_t|x) / π_old(y_t|x,h), γ = the batch's 90th-percentile r; no clip
+    luffy  π_θ/(π_θ+`shape_gamma`), the behaviour probability taken as 1 (LUFFY, Critique-GRPO)
+    is     min(r, `is_clip`), detached: truncated IS (this method's weight before 2026-12-05; the
+           gradient vanishes on the tokens the hint supplies, which is why it learned nothing there)
+    sft    1 on successful corrections: STaR's rationalization
 
 Routes: a corrected row's prompt is the rollout's own hint-free prompt, whose recorded routes are
 replayed as usual; its completion was routed under the hinted prompt, which the training forward
@@ -18,7 +23,10 @@ often the hint-free router picks other experts for them than the hinted generati
 measurement, not part of the method, and is not counted in the step's budget.
 
 Metrics: corrected/success_rate (share of regenerations the verifier accepts), corrected/rows,
-corrected/is_ratio_mean, corrected/is_clipped_frac, corrected/route_mismatch.
+corrected/weight_pos_mean (mean gradient weight on tokens with A > 0), corrected/seq_weight/<bucket>
+(mean over successful corrections of the product of their tokens' weights: how much of a supervised
+example one success is worth), corrected/is_ratio_mean (≈ 1 by identity: not evidence of anything),
+corrected/guide_gamma, corrected/is_clipped_frac, corrected/route_mismatch.
 """
 from __future__ import annotations
 
@@ -31,7 +39,7 @@ from rl.batch import Batch
 from rl.episodes import Episodes, Transcript
 from rl.config import MethodConfig
 from rl.feedback import hint_failed_attempts
-from rl.losses import group_advantages, policy_gradient_loss, truncated_is_loss
+from rl.losses import CORRECTION_WEIGHTS, corrected_trajectory_loss, group_advantages, policy_gradient_loss
 from rl.methods.grpo import GRPO
 from student.policy import Routes, distinct_prompts
 
@@ -40,10 +48,14 @@ from student.policy import Routes, distinct_prompts
 class CorrectedReplayConfig(MethodConfig):
     when: str = "all_fail"                   # which failed attempts get a correction: all_fail (Guide) or failed
     corrections_per_attempt: int = 1         # regenerations under each hint
-    is_clip: float = 2.0                     # truncation of the per-token importance weight
+    weight: str = "guide"                    # corrected tokens' weight: guide, luffy, is, sft (rl/losses.py)
+    guide_quantile: float = 0.9              # guide: γ = this quantile of the batch's ratios
+    shape_gamma: float = 0.1                 # luffy: γ of π/(π+γ)
+    is_clip: float = 2.0                     # is: truncation of the per-token importance weight
     check_routes: bool = True                # measure corrected/route_mismatch (an uncounted forward)
 
-    CHOICES: ClassVar[dict[str, tuple]] = {**MethodConfig.CHOICES, "when": ("all_fail", "failed")}
+    CHOICES: ClassVar[dict[str, tuple]] = {**MethodConfig.CHOICES, "when": ("all_fail", "failed"),
+                                           "weight": CORRECTION_WEIGHTS}
 
     def check(self) -> list[str]:
         problems = super().check()
@@ -51,6 +63,10 @@ class CorrectedReplayConfig(MethodConfig):
             problems.append(f"method.corrections_per_attempt={self.corrections_per_attempt} must be >= 1")
         if self.is_clip <= 0:
             problems.append(f"method.is_clip={self.is_clip} must be > 0")
+        if not 0 < self.guide_quantile <= 1:
+            problems.append(f"method.guide_quantile={self.guide_quantile} must be in (0, 1]")
+        if self.shape_gamma <= 0:
+            problems.append(f"method.shape_gamma={self.shape_gamma} must be > 0")
         return problems
 
 
@@ -66,7 +82,7 @@ def candidates(batch: Batch, when: str) -> list[int]:
 class CorrectedReplay(GRPO):
     name = "corrected_replay"
     summary = ("Guide-GRPO: failed attempts regenerated under the teacher's hint join their group hint-free, "
-               "policy gradient with truncated IS weights pi(o|x) / pi_old(o|x,h)")
+               "policy gradient with per-token weights (method.weight: guide r/(r+gamma), luffy, is, sft)")
     Config = CorrectedReplayConfig
 
     def extend(self, batch, ctx):
@@ -170,9 +186,17 @@ class CorrectedReplay(GRPO):
         loss, metrics = policy_gradient_loss(scores.logprobs_NC, micro.old_logprobs_NC, micro.advantages_N,
                                              micro.mask_NC & rollout[:, None], norm, self.cfg.clip_eps, micro.weight_N)
         if not bool(rollout.all()):
+            m = self.cfg
             corrected = micro.mask_NC & ~rollout[:, None]
-            extra, more = truncated_is_loss(scores.logprobs_NC, micro.old_logprobs_NC, micro.advantages_N, corrected,
-                                            norm, self.cfg.is_clip)
+            extra, more, seq_weight_N = corrected_trajectory_loss(
+                scores.logprobs_NC, micro.old_logprobs_NC, micro.advantages_N, corrected, norm, m.weight,
+                is_clip=m.is_clip, shape_gamma=m.shape_gamma, guide_quantile=m.guide_quantile)
             loss = loss + extra
             metrics.update(more)
+            # Per bucket, what one successful correction is worth next to a supervised example (1).
+            by_bucket: dict[str, list[float]] = {}
+            for i, (source, verdict) in enumerate(zip(micro.source, micro.verdicts)):
+                if source == "corrected" and verdict.reward >= 1.0:
+                    by_bucket.setdefault(micro.problems[i].bucket, []).append(seq_weight_N[i].item())
+            metrics.update({f"corrected/seq_weight/{b}": sum(v) / len(v) for b, v in by_bucket.items()})
         return loss, metrics
