@@ -118,10 +118,12 @@ class TrainerConfig:
 class EvalConfig:
     """What the periodic evaluation (every trainer.eval_every steps) and `scripts/eval.sh` run:
     suites of rl/evals/. Every eval set reported here is kept out of training (rl/contamination.py)."""
-    suites: list[str] = field(default_factory=lambda: ["hinted"])   # names in rl.evals.SUITES
-    private: dict[str, str] = field(default_factory=dict)  # private eval sets (suite "private"): name -> a JSON-lines
-                                             # file in the task format (e.g. mined), relative to the experiment folder;
-                                             # kept out of training even while no listed suite reports them
+    suites: list[str] = field(default_factory=lambda: ["hinted", "reference_logprob"])   # names in rl.evals.SUITES
+    private: dict[str, str] = field(default_factory=dict)  # private eval sets (suites private, reference_logprob):
+                                             # name -> a JSON-lines file in the task format (e.g. mined), relative to
+                                             # the experiment folder; kept out of training even if no suite reads them
+    pass_k: int = 8                          # suite reference_logprob: sampled episodes per problem at
+                                             # rollout.temperature for eval/pass@k; 0 = no sampling
 
 
 @dataclass
@@ -395,7 +397,7 @@ RANGES: tuple[tuple[str, Any, str], ...] = (
         "warmstart.warmup_steps", "trainer.weight_decay", "trainer.log_rollouts", "trainer.max_nonfinite_steps",
         "trainer.threads", "teacher.temperature", "teacher.retries", "teacher.backoff_s", "teacher.cooldown_s",
         "student.router_aux_loss_coef", "deepspeed.gradient_clipping", "deepspeed.param_persistence_threshold",
-        "rollout.vllm.max_engine_vocab")),
+        "rollout.vllm.max_engine_vocab", "eval.pass_k")),
     ("warmstart.hint_fraction", lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("launcher.master_port", lambda v: 0 <= v <= 65535, "a port in [0, 65535] (0 = a free one)"),
 )

@@ -47,7 +47,8 @@ def evaluate_model(model: str | Path, suites: list[str] | None = None, experimen
     tasks = TaskSource(cfg.task, cfg.seed, cfg.eval)
     ctx = EvalContext(policy=loaded.policy, tasks=tasks, teacher=build_teacher(cfg.teacher), tok=loaded.tok,
                       env=build_environment(cfg.task.environment, tasks), max_new_tokens=cfg.rollout.max_new_tokens,
-                      max_turns=cfg.rollout.max_turns)
+                      max_turns=cfg.rollout.max_turns, temperature=cfg.rollout.temperature, pass_k=cfg.eval.pass_k,
+                      seed=cfg.seed)
     report = {"model": str(model), "loaded": loaded.description, "suites": {}}
     for name, result in run_suites(cfg.eval.suites, ctx).items():
         sets = {s: {prompt_hash(p.prompt) for p in problems} for s, problems in result["sets"].items()}

@@ -15,6 +15,8 @@ The folder holds `config.yaml` (the experiment) and `study.yaml` (the arms):
       grpo: [method.name=grpo]
       guide: [method.name=corrected_replay]
       grpo_lr3e-4: {overrides: [method.name=grpo, trainer.lr=3.0e-4], seeds: [0]}   # e.g. an lr sweep
+      oracle: {kind: oracle}              # an arm kind (KINDS): supervised on the RL problems' reference
+                                          # answers (rl/methods/oracle.py), + the arm's own overrides
 
 Per seed, warm-start runs once (`trainer.steps=0`, which checkpoints at its end) and the teacher gap
 of the warm-started student is measured (rl/teacher_gap.py); every arm then resumes a copy of that
@@ -26,13 +28,19 @@ arm (same warm-start, steps and overrides, e.g. `grpo`) is copied from it. Runs 
 started again (`--fresh` starts all again). Then, from the runs' metrics.jsonl (every arm of
 study.yaml, on study.yaml's seeds that have a finished run):
 
-    results/summary.json   per arm: per seed and mean +- std over seeds, per bucket: accuracy at the
-                           end of warm-start, final and peak (RL) held-out accuracy; generated, scored
-                           and trained tokens of the RL phase; steps and generated tokens to reach
-                           the target; the teacher gap per seed
+    results/summary.json   per arm: per seed and mean, sample std and n over seeds (rl/stats.py), per
+                           bucket: accuracy at the end of warm-start, final and peak (RL) held-out
+                           accuracy, and the final and peak `eval/reference_logprob` and final
+                           `eval/pass@k` when the runs log them; generated, scored and trained tokens
+                           of the RL phase; steps and generated tokens to reach the target; its
+                           `kind` ("" or a KINDS key) and `config_hash`; `vs_baseline` (every arm but
+                           the target arm): per field and bucket, the paired per-seed
+                           difference from the target arm with its 95% interval. Also the teacher gap
+                           per seed, the `commit` (and `dirty`) the summary was made at, and the
+                           `eval_sets` the runs were measured on (each set's digest, rl/contamination.py)
     results.png            held-out accuracy against generated tokens, per bucket, mean and spread
-    README.md              the table, between `<!-- reproduce:begin -->` and `<!-- reproduce:end -->`
-                           (rerunning replaces it)
+    README.md              the tables (rl/study_tables.py), between `<!-- reproduce:begin -->` and
+                           `<!-- reproduce:end -->` (rerunning replaces them)
 """
 from __future__ import annotations
 
@@ -40,9 +48,7 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -54,11 +60,16 @@ import yaml
 from tqdm import tqdm
 
 from rl.config import ConfigError, load_config, to_yaml
+from rl.contamination import set_digest
+from rl.stats import paired_difference, spread
+from rl.study_tables import BEGIN, END, OVERVIEW_BEGIN, OVERVIEW_END, overview, plot, results_markdown, write_readme
 
-BEGIN, END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
 WARM = "_warmstart"       # runs/study/_warmstart/<config hash>-s<seed>: shared by every folder that warm-starts alike
 RUN_KEY = "study_key.json"  # in an arm's run folder: what made it (warm-start, RL steps, threads, overrides)
 SHARED = ("seed", "task.", "student.", "warmstart.", "output_dir", "run_name", "resume")   # not per arm
+# Arm kinds (`name: {kind: K}` in study.yaml): the overrides a kind stands for, before the arm's own.
+KINDS = {"oracle": ["method.name=oracle"]}     # supervised on the references (rl/methods/oracle.py)
+ARM_KEYS = {"overrides", "seeds", "kind"}
 
 
 @dataclass
@@ -66,6 +77,7 @@ class Arm:
     name: str
     overrides: list[str]
     seeds: list[int]
+    kind: str = ""                   # "" for an arm given by its overrides alone, else a key of KINDS
 
 
 @dataclass
@@ -91,14 +103,7 @@ def load_study(folder: str | Path, seeds: list[int] | None = None, only: list[st
     for p in prepare:
         load_config(p)                   # a folder that does not load stops the study before any run
     all_seeds = seeds or [int(s) for s in spec.get("seeds", [0, 1, 2])]
-    arms = []
-    for name, arm in (spec.get("arms") or {}).items():
-        overrides, arm_seeds = (arm, all_seeds) if isinstance(arm, list) else (arm.get("overrides", []), arm.get("seeds"))
-        bad = [o for o in overrides if "=" not in o or o.split("=", 1)[0].startswith(SHARED)]
-        if bad:
-            raise ConfigError(f"{path}: arm {name!r}: overrides {bad} are not key=value or change what the arms "
-                              "share (seed, task, student, warm-start, run folder)")
-        arms.append(Arm(name, list(overrides), [s for s in (arm_seeds or all_seeds) if s in all_seeds]))
+    arms = [_arm(path, name, arm, all_seeds) for name, arm in (spec.get("arms") or {}).items()]
     if not arms:
         raise ConfigError(f"{path}: no arms")
     target = spec.get("target") or {}
@@ -120,6 +125,25 @@ def load_study(folder: str | Path, seeds: list[int] | None = None, only: list[st
     if study.target_bucket not in buckets:
         raise ConfigError(f"{path}: target.bucket {study.target_bucket!r} is not a bucket ({buckets})")
     return study
+
+
+def _arm(path: Path, name: str, arm, all_seeds: list[int]) -> Arm:
+    """One arm of study.yaml: a list of overrides, or {overrides, seeds, kind}."""
+    if isinstance(arm, list):
+        arm = {"overrides": arm}
+    if not isinstance(arm, dict) or set(arm) - ARM_KEYS:
+        raise ConfigError(f"{path}: arm {name!r} is a list of overrides or a mapping with {sorted(ARM_KEYS)}")
+    kind, own = str(arm.get("kind") or ""), list(arm.get("overrides") or [])
+    if kind and kind not in KINDS:
+        raise ConfigError(f"{path}: arm {name!r}: kind {kind!r} is unknown; choose one of {sorted(KINDS)}")
+    if kind and any(o.startswith("method.name=") for o in own):
+        raise ConfigError(f"{path}: arm {name!r}: a {kind} arm's method is its kind's; drop method.name")
+    bad = [o for o in own if "=" not in o or o.split("=", 1)[0].startswith(SHARED)]
+    if bad:
+        raise ConfigError(f"{path}: arm {name!r}: overrides {bad} are not key=value or change what the arms "
+                          "share (seed, task, student, warm-start, run folder)")
+    seeds = [s for s in (arm.get("seeds") or all_seeds) if s in all_seeds]
+    return Arm(name, [*KINDS.get(kind, []), *own], seeds, kind)
 
 
 # ---------------------------------------------------------------------------------------- running
@@ -233,8 +257,19 @@ def run_all(study: Study, output_dir: Path, jobs: int, fresh: bool) -> None:
 
 
 # ---------------------------------------------------------------------------------------- summary
+# Evaluations read besides accuracy when the runs log them (the `reference_logprob` eval suite):
+# summary field -> metric; with one bucket the metric is unsuffixed, else "<metric>/<bucket>".
+EXTRA = {"reference_logprob": "eval/reference_logprob", "pass@k": "eval/pass@k"}
+# vs_baseline fields: accuracy's final and peak, and reference_logprob's when logged.
+PAIRED = ("final", "peak", "reference_logprob_final", "reference_logprob_peak")
+
+
+def eval_key(metric: str, bucket: str, buckets: list[str]) -> str:
+    return metric if len(buckets) == 1 else f"{metric}/{bucket}"
+
+
 def accuracy_key(bucket: str, buckets: list[str]) -> str:
-    return "eval/accuracy" if buckets == ["all"] else f"eval/accuracy/{bucket}"
+    return eval_key("eval/accuracy", bucket, buckets)
 
 
 def run_summary(run_dir: Path, warm: int, buckets: list[str]) -> dict:
@@ -246,12 +281,19 @@ def run_summary(run_dir: Path, warm: int, buckets: list[str]) -> dict:
              "generated": [r.get("budget/generated_tokens_total", 0.0) - start["generated"] for r in evals],
              **{b: [r[accuracy_key(b, buckets)] for r in evals] for b in buckets}}
     last = rows[-1]
-    return {"curve": curve,
-            "warmstart_end": {b: curve[b][0] for b in buckets},
-            "final": {b: curve[b][-1] for b in buckets},
-            "peak": {b: max(curve[b][1:] or curve[b]) for b in buckets},
-            "tokens": {k: last.get(f"budget/{k}_tokens_total", 0.0) - start[k] for k in start},
-            "rl_seconds": sum(r.get("time/step_s", 0.0) for r in rows if r["step"] > warm)}
+    out = {"curve": curve,
+           "warmstart_end": {b: curve[b][0] for b in buckets},
+           "final": {b: curve[b][-1] for b in buckets},
+           "peak": {b: max(curve[b][1:] or curve[b]) for b in buckets},
+           "tokens": {k: last.get(f"budget/{k}_tokens_total", 0.0) - start[k] for k in start},
+           "rl_seconds": sum(r.get("time/step_s", 0.0) for r in rows if r["step"] > warm)}
+    for field, metric in EXTRA.items():
+        logged = [r for r in evals if eval_key(metric, buckets[0], buckets) in r]
+        if logged:                        # final and peak (after warm-start, as accuracy's) per bucket
+            series = {b: [r[eval_key(metric, b, buckets)] for r in logged] for b in buckets}
+            out[field] = {"final": {b: v[-1] for b, v in series.items()},
+                          "peak": {b: max(v[1:] or v) for b, v in series.items()}}
+    return out
 
 
 def reach(curve: dict, bucket: str, target: float) -> tuple[float | None, float | None]:
@@ -262,20 +304,109 @@ def reach(curve: dict, bucket: str, target: float) -> tuple[float | None, float 
     return None, None
 
 
-def spread(values: list[float]) -> dict:
-    values = [v for v in values if v is not None]
-    if not values:
-        return {"mean": None, "std": None, "n": 0}
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "n": len(values)}
+def paired_values(per_seed: dict, field: str, bucket: str) -> dict:
+    """seed -> the run's value of a PAIRED field on `bucket` (reference_logprob_* only where logged)."""
+    if field in ("final", "peak"):
+        return {s: r[field][bucket] for s, r in per_seed.items()}
+    metric, which = field.rsplit("_", 1)
+    return {s: r[metric][which][bucket] for s, r in per_seed.items() if metric in r}
+
+
+def versus(per_seed: dict, baseline: dict, buckets: list[str]) -> dict:
+    """field -> bucket -> the paired per-seed difference arm - baseline (rl/stats.py), on the seeds
+    both ran: the arms of a seed share its warm-start, so the seed's luck cancels."""
+    out = {}
+    for field in PAIRED:
+        diffs = {b: paired_difference(paired_values(per_seed, field, b), paired_values(baseline, field, b))
+                 for b in buckets}
+        if any(d["n"] for d in diffs.values()):
+            out[field] = diffs
+    return out
+
+
+def arm_entry(per_seed: dict, buckets: list[str], targets: dict, ref_tokens: float | None) -> dict:
+    """An arm's spreads over its seeds (rl/stats.py: mean, sample std, n) and its curves."""
+    entry = {"seeds": sorted(per_seed)}
+    for field in ("warmstart_end", "final", "peak"):
+        entry[field] = {b: spread([r[field][b] for r in per_seed.values()]) for b in buckets}
+    for field in EXTRA:
+        logged = [r[field] for r in per_seed.values() if field in r]
+        if logged:
+            entry[field] = {which: {b: spread([r[which][b] for r in logged]) for b in buckets}
+                            for which in ("final", "peak")}
+    entry["tokens"] = {k: spread([r["tokens"][k] for r in per_seed.values()]) for k in ("generated", "scored", "trained")}
+    entry["rl_seconds"] = spread([r["rl_seconds"] for r in per_seed.values()])
+    entry["to_target"] = {}
+    for b, t in targets.items():
+        if not t["meaningful"]:
+            continue
+        reached = [reach(r["curve"], b, t["accuracy"]) for r in per_seed.values()]
+        entry["to_target"][b] = {"steps": spread([v[0] for v in reached]),
+                                 "generated": spread([v[1] for v in reached]),
+                                 "reached": sum(v[0] is not None for v in reached),
+                                 # over the seeds that reach it; "reached" says how many did
+                                 "fraction_of_reference_tokens": spread(
+                                     [v[1] / ref_tokens for v in reached if v[1] is not None and ref_tokens])}
+    entry["curves"] = {s: r["curve"] for s, r in per_seed.items()}
+    return entry
+
+
+# ---------------------------------------------------------------------------------------- provenance
+def commit_of(root: Path) -> dict:
+    """{"commit": HEAD's sha, "dirty": uncommitted changes (untracked files count)} of the checkout
+    holding `root`; both None outside a git checkout (or without git)."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=60)
+
+    try:
+        head, status = git("rev-parse", "HEAD"), git("status", "--porcelain")
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    if head.returncode or status.returncode:
+        return {"commit": None, "dirty": None}
+    return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
+
+
+def config_hash(folder: Path, arm: Arm, seed: int, output_dir: Path) -> str | None:
+    """A short sha of the arm's resolved config (its overrides on the experiment, at `seed`: the
+    study's first, so that arms differ by their overrides only), with what only names or places a run
+    cleared (as `warmstart_key` does): equal hashes, the same arm. None when the config does not load
+    (e.g. a prepared teacher not trained yet); "{output_dir}" in an override is the study's."""
+    overrides = [o.replace("{output_dir}", str(output_dir)) for o in arm.overrides]
+    try:
+        cfg = load_config(folder, [*overrides, f"seed={seed}"])
+    except ConfigError:
+        return None
+    cfg.run_name, cfg.output_dir, cfg.trainer.threads = "", "", 0
+    return hashlib.sha1(to_yaml(cfg).encode()).hexdigest()[:10]
+
+
+def eval_sets(run_dirs: list[Path]) -> dict:
+    """Set name -> {"digest", "n"}: the eval sets the runs report (their eval_sets.json), each named by
+    rl.contamination's set digest; a set whose runs disagree gets digest None and "by_run"."""
+    seen: dict[str, dict[str, str]] = {}
+    sizes: dict[str, int] = {}
+    for run in run_dirs:
+        path = run / "eval_sets.json"
+        if path.is_file():
+            for name, hashes in json.loads(path.read_text()).items():
+                seen.setdefault(name, {})[run.name] = set_digest(hashes)
+                sizes[name] = len(hashes)
+    out = {}
+    for name, by_run in seen.items():
+        digests = set(by_run.values())
+        out[name] = ({"digest": digests.pop(), "n": sizes[name]} if len(digests) == 1
+                     else {"digest": None, "by_run": by_run})
+    return out
 
 
 def summarize(study: Study, output_dir: Path) -> dict:
     cfg = load_config(study.folder)
     base, warm = output_dir / cfg.experiment, cfg.warmstart.steps
     buckets = list(cfg.task.buckets) or ["all"]
-    runs = {arm.name: {s: run_summary(base / f"{arm.name}-s{s}", warm, buckets) for s in arm.seeds
-                       if finished(base / f"{arm.name}-s{s}", warm + cfg.trainer.steps)} for arm in study.arms}
+    done = {arm.name: [s for s in arm.seeds if finished(base / f"{arm.name}-s{s}", warm + cfg.trainer.steps)]
+            for arm in study.arms}
+    runs = {name: {s: run_summary(base / f"{name}-s{s}", warm, buckets) for s in seeds} for name, seeds in done.items()}
     reference = runs.get(study.target_arm) or {}
     ref_tokens = spread([r["tokens"]["generated"] for r in reference.values()])["mean"]
     targets = {}
@@ -288,27 +419,14 @@ def summarize(study: Study, output_dir: Path) -> dict:
     gaps = {s: json.loads((base / f"teacher_gap-s{s}.json").read_text()) for s in study.seeds
             if (base / f"teacher_gap-s{s}.json").is_file()}
     arms = {}
-    for name, per_seed in runs.items():
+    for arm in study.arms:
+        per_seed = runs[arm.name]
         if not per_seed:
             continue
-        entry = {"seeds": sorted(per_seed)}
-        for field in ("warmstart_end", "final", "peak"):
-            entry[field] = {b: spread([r[field][b] for r in per_seed.values()]) for b in buckets}
-        entry["tokens"] = {k: spread([r["tokens"][k] for r in per_seed.values()]) for k in ("generated", "scored", "trained")}
-        entry["rl_seconds"] = spread([r["rl_seconds"] for r in per_seed.values()])
-        entry["to_target"] = {}
-        for b, t in targets.items():
-            if not t["meaningful"]:
-                continue
-            reached = [reach(r["curve"], b, t["accuracy"]) for r in per_seed.values()]
-            entry["to_target"][b] = {"steps": spread([v[0] for v in reached]),
-                                     "generated": spread([v[1] for v in reached]),
-                                     "reached": sum(v[0] is not None for v in reached),
-                                     # over the seeds that reach it; "reached" says how many did
-                                     "fraction_of_reference_tokens": spread(
-                                         [v[1] / ref_tokens for v in reached if v[1] is not None and ref_tokens])}
-        entry["curves"] = {s: r["curve"] for s, r in per_seed.items()}
-        arms[name] = entry
+        arms[arm.name] = {"kind": arm.kind, "config_hash": config_hash(study.folder, arm, study.seeds[0], output_dir),
+                          **arm_entry(per_seed, buckets, targets, ref_tokens)}
+        if arm.name != study.target_arm and reference:
+            arms[arm.name]["vs_baseline"] = versus(per_seed, reference, buckets)
     prepared = {}
     for folder in study.prepare:          # e.g. a teacher: its final held-out accuracy per bucket
         own = load_config(folder)
@@ -316,134 +434,13 @@ def summarize(study: Study, output_dir: Path) -> dict:
         if rows:
             prepared[own.experiment] = {"step": rows[-1]["step"],
                                         **{b: rows[-1][accuracy_key(b, buckets)] for b in buckets}}
-    return {"experiment": cfg.experiment, "buckets": buckets, "warmstart_steps": warm, "rl_steps": cfg.trainer.steps,
-            "prepared": prepared,
+    return {"experiment": cfg.experiment, **commit_of(Path(__file__).resolve().parents[1]),
+            "eval_sets": eval_sets([base / f"{name}-s{s}" for name, seeds in done.items() for s in seeds]),
+            "buckets": buckets, "warmstart_steps": warm, "rl_steps": cfg.trainer.steps, "prepared": prepared,
             "target": {"bucket": study.target_bucket, "arm": study.target_arm, **targets[study.target_bucket],
                        "per_bucket": targets, "reference_generated_tokens": ref_tokens},
             "teacher_gap": gaps, "arms": arms,
             "made": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-
-
-def _pm(s: dict, scale: float = 1.0, digits: int = 3) -> str:
-    if s["mean"] is None:
-        return "—"
-    return f"{s['mean'] * scale:.{digits}f} ± {s['std'] * scale:.{digits}f}"
-
-
-def results_markdown(summary: dict) -> str:
-    buckets, target = summary["buckets"], summary["target"]
-    tb = target["bucket"]
-    lines = [f"Made by `scripts/reproduce.sh` on {summary['made']}; data: `results/summary.json`, figure: "
-             "`results.png`. Held-out accuracy (greedy, per bucket), mean ± std over seeds; tokens are the RL "
-             "phase's (M = millions).", ""]
-    lines += ["| arm | seeds | " + " | ".join(f"final {b}" for b in buckets) + f" | peak {tb} | generated | scored | "
-              f"to reach {target['accuracy'] or 0:.3f} on {tb}: steps | generated | × {target['arm']}'s tokens | s/step |",
-              "|---|---|" + "---|" * len(buckets) + "---|---|---|---|---|---|---|"]
-    for name, a in summary["arms"].items():
-        t = a["to_target"].get(tb, {})
-        n = len(a["seeds"])
-        lines.append(
-            f"| `{name}` | {n} | " + " | ".join(_pm(a["final"][b]) for b in buckets) + f" | {_pm(a['peak'][tb])} | "
-            f"{_pm(a['tokens']['generated'], 1e-6, 2)}M | {_pm(a['tokens']['scored'], 1e-6, 2)}M | "
-            + (f"{_pm(t['steps'], 1, 0)} ({t['reached']}/{n}) | {_pm(t['generated'], 1e-6, 2)}M | "
-               f"{_pm(t['fraction_of_reference_tokens'], 1, 2)} |" if t else "— | — | — |")
-            + f" {_pm(a['rl_seconds'], 1 / max(1, summary['rl_steps']), 2)} |")
-    if target["accuracy"] is not None and not target["meaningful"]:
-        lines += ["", f"No target: `{target['arm']}` ends at {target['accuracy']:.3f} on `{tb}`, no better than where "
-                  f"warm-start left it ({target['reference_warmstart_end']:.3f}), so reaching its final accuracy means "
-                  "nothing and the to-reach columns are empty."]
-    others = [b for b, t in target["per_bucket"].items() if b != tb and t["meaningful"]]
-    if others:
-        lines += ["", f"Every bucket where `{target['arm']}` improved on warm-start: generated tokens to reach its mean "
-                  f"final accuracy there, as a multiple of its own generated tokens (seeds that reached it / seeds).", "",
-                  "| arm | " + " | ".join(f"{b} (≥ {target['per_bucket'][b]['accuracy']:.3f})" for b in others) + " |",
-                  "|---|" + "---|" * len(others)]
-        for name, a in summary["arms"].items():
-            cells = []
-            for b in others:
-                t = a["to_target"][b]
-                cells.append(f"{_pm(t['fraction_of_reference_tokens'], 1, 2)} ({t['reached']}/{len(a['seeds'])})")
-            lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
-    if summary.get("prepared"):
-        lines += ["", "Prepared runs (`prepare` in study.yaml), final held-out accuracy per bucket: " + "; ".join(
-            f"`{name}` " + ", ".join(f"{b} {acc:.3f}" for b, acc in r.items() if b != "step")
-            for name, r in summary["prepared"].items()) + "."]
-    if summary["teacher_gap"]:
-        lines += ["", "Teacher gap of the warm-started student (`rl/teacher_gap.py`, before RL), mean over seeds: "
-                  "plain accuracy and pass@G of sampled attempts, the share of problems whose attempts all fail, and per "
-                  "hint kind the accuracy gained when each failed attempt is retried once with that hint (in brackets: "
-                  "the share of all-fail problems a hinted retry solves).", ""]
-        gaps = list(summary["teacher_gap"].values())
-        kinds = [k for k in next(iter(gaps[0].values())) if k != "plain"]
-        lines += ["| bucket | plain | pass@G | all-fail | " + " | ".join(kinds) + " |",
-                  "|---|---|---|---|" + "---|" * len(kinds)]
-        for b in gaps[0]:
-            mean = lambda kind, key: statistics.fmean(g[b][kind][key] for g in gaps)
-            lines.append(f"| {b} | {mean('plain', 'accuracy'):.3f} | {mean('plain', 'pass@G'):.3f} | "
-                         f"{mean('plain', 'all_fail'):.3f} | " + " | ".join(
-                             f"{mean(k, 'gap'):+.3f} ({mean(k, 'rescued_all_fail'):.2f})" for k in kinds) + " |")
-    return "\n".join(lines)
-
-
-def write_readme(folder: Path, table: str) -> None:
-    readme = folder / "README.md"
-    text = readme.read_text() if readme.is_file() else f"# {folder.name}\n"
-    block = f"{BEGIN}\n{table}\n{END}"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + f"\n\n## Results\n\n{block}\n"
-    readme.write_text(text)
-
-
-def plot(summary: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    buckets = summary["buckets"]
-    fig, axes = plt.subplots(1, len(buckets), figsize=(4.5 * len(buckets), 3.6), squeeze=False)
-    for ax, b in zip(axes[0], buckets):
-        for name, a in summary["arms"].items():
-            curves = list(a["curves"].values())
-            width = min(len(c["step"]) for c in curves)
-            x = np.mean([c["generated"][:width] for c in curves], axis=0) / 1e6
-            y = np.array([c[b][:width] for c in curves])
-            ax.plot(x, y.mean(0), label=f"{name} ({len(curves)})")
-            if len(curves) > 1:
-                ax.fill_between(x, y.mean(0) - y.std(0, ddof=1), y.mean(0) + y.std(0, ddof=1), alpha=0.15)
-        ax.set_title(f"{summary['experiment']}: {b}")
-        ax.set_xlabel("generated tokens, RL phase (M)")
-        ax.set_ylabel("held-out accuracy")
-    axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-OVERVIEW_BEGIN, OVERVIEW_END = "<!-- studies:begin -->", "<!-- studies:end -->"
-
-
-def overview(folders: list[Path]) -> str:
-    """One line per study folder for the top-level README: the reference arm and each other arm's
-    final accuracy on the target bucket (mean ± std over seeds), and the folder's verdict (the bold
-    start of its README's line "**Verdict: ...** why")."""
-    lines = ["| study | target bucket | arms: final accuracy (mean ± std over seeds) | verdict |", "|---|---|---|---|"]
-    for folder in folders:
-        path = folder / "results" / "summary.json"
-        if not path.is_file():
-            continue
-        summary = json.loads(path.read_text())
-        bucket = summary["target"]["bucket"]
-        arms = "; ".join(f"`{name}` {_pm(a['final'][bucket])} (n={len(a['seeds'])})" for name, a in summary["arms"].items())
-        readme = (folder / "README.md").read_text() if (folder / "README.md").is_file() else ""
-        # The bold verdict may wrap over several lines of the README.
-        found = re.search(r"^\*\*Verdict:?\s*(.*?)\*\*", readme, re.MULTILINE | re.DOTALL)
-        verdict = " ".join(found.group(1).split()).strip(" .") if found else ""
-        lines.append(f"| [{folder.name}](experiments/{folder.name}/) | {bucket} | {arms} | {verdict} |")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

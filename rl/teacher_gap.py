@@ -7,8 +7,11 @@ corrected replay learns only from hinted regenerations that succeed, so this gap
 warm-started student before any RL, predicts what the hint methods can gain (arXiv 2605.30070
 reports the gain linear in it). Per difficulty bucket, on the held-out problems, the run's
 checkpoint samples G attempts per problem as RL does (`rollout.temperature`); then each failed
-attempt is retried once, sampled, with a hint of each kind in its local context:
+attempt is retried once, sampled, with a context of each kind:
 
+    none      no context at all: the same hint-free start as the first attempt, sampled afresh. The
+              reference: a second sample alone rescues some attempts (about +0.1 accuracy at p = 0.3),
+              so a hint helps only by what it adds over this. Always measured, and first.
     rule      the experiment's teacher (`teacher.kind`) on that attempt: what the hint methods use
     feedback  the verifier's words ("feedback on your answer: incorrect: ..."): self_distill's feedback context
     sibling   "a correct answer: <a successful attempt of the same problem>": self_distill's solution
@@ -16,10 +19,18 @@ attempt is retried once, sampled, with a hint of each kind in its local context:
     shuffled  the rule hint written for another problem (teacher/shuffled.py): the control
 
 Reported per bucket: `plain` accuracy (share of attempts correct), pass@G, the share of problems
-whose G attempts all failed, and per kind `accuracy` (an attempt counts once correct, plainly or on
-its hinted retry), `gap` = accuracy - plain, `pass@G`, `rescued_all_fail` (share of all-fail
-problems with a correct hinted retry: where GRPO has no signal and a hint method has some) and
-`hinted` (share of failed attempts that got a context of that kind).
+whose G attempts all failed, and n (problems); per kind `accuracy` (an attempt counts once correct,
+plainly or on its retry), `gap` = accuracy - plain, `gap_interval`, `pass@G`, `rescued_all_fail`
+(share of all-fail problems with a correct retry: where GRPO has no signal and a hint method has
+some) and `hinted` (share of failed attempts that got a context of that kind; 1 for none); per kind
+but none `over_none`, its rescue over the plain retry: the mean over problems of (the problem's
+accuracy with this kind's retry - its accuracy with the none retry).
+
+Intervals ({"mean", "low", "high", "n"}) are 95% percentile-bootstrap intervals over problems
+(rl/stats.py `bootstrap_interval`: problems resampled, n = problems) of the per-problem differences:
+vs plain for `gap_interval`, vs none for `over_none`. The none retry and each hinted retry are
+independent samples (not one shared draw), so an interval covers both which problems were drawn and
+the retries' sampling noise.
 """
 from __future__ import annotations
 
@@ -36,20 +47,22 @@ from rl.environments.answer import AnswerEnvironment
 from rl.episodes import Episodes
 from rl.feedback import hint_failed_attempts
 from rl.methods.self_distill import teacher_context
+from rl.stats import bootstrap_interval, fmt_interval
 from rl.tasks import Problem, TaskSource
 from student.policy import Policy, Sampling
 from student.tokenizer import ByteTokenizer
 from teacher import LeakGuard, ShuffledTeacher, Teacher
 
-KINDS = ("rule", "feedback", "sibling", "shuffled")
+KINDS = ("none", "rule", "feedback", "sibling", "shuffled")
 
 
 @torch.no_grad()
 def measure(policy: Policy, problems: list[Problem], tasks: TaskSource, teacher: Teacher, tok: ByteTokenizer,
             sampling: Sampling, attempts: int, kinds=KINDS, env: Environment | None = None,
-            max_turns: int = 1) -> dict[str, dict[str, float]]:
+            max_turns: int = 1) -> dict[str, dict]:
     """With a multi-message `env`, an attempt is an episode; a rule (or shuffled) hint's retry
-    continues it from the hint's target message, the other contexts' retries start it again."""
+    continues it from the hint's target message, the other contexts' retries start it again.
+    `none` is measured whatever `kinds` names: every other kind's `over_none` is read against it."""
     env = AnswerEnvironment(tasks) if env is None else env
     group = [p for p in problems for _ in range(attempts)]
     plain = Episodes(env, tok, group, max_turns, sampling.max_new_tokens)
@@ -59,13 +72,16 @@ def measure(policy: Policy, problems: list[Problem], tasks: TaskSource, teacher:
     verdicts = plain.verdicts()
     episodes = list(zip(transcripts, out.completion_ids_NC.tolist()))
     ok_PG = torch.tensor([v.reward >= 1.0 for v in verdicts]).view(len(problems), attempts)
-    all_fail_P = ~ok_PG.any(1)
     result = {"plain": {"accuracy": ok_PG.float().mean().item(), "pass@G": ok_PG.any(1).float().mean().item(),
-                        "all_fail": all_fail_P.float().mean().item()}}
+                        "all_fail": (~ok_PG.any(1)).float().mean().item(), "n": len(problems)}}
     failed = [i for i, v in enumerate(verdicts) if v.reward < 1.0]
     siblings = [list(range(i - i % attempts, i - i % attempts + attempts)) for i in range(len(group))]
-    for kind in kinds:
-        if kind in ("rule", "shuffled"):
+    accuracy_P = {}                       # kind -> per-problem accuracy after its retry, for the intervals
+    for kind in ("none", *(k for k in kinds if k != "none")):
+        if kind == "none":
+            # The start the first attempt had (Episodes' default), so only the second sample differs.
+            rows, histories, prompts = failed, None, None
+        elif kind in ("rule", "shuffled"):
             hinted = hint_failed_attempts(ShuffledTeacher(teacher) if kind == "shuffled" else teacher, LeakGuard(),
                                           tok, group, texts, verdicts, episodes=episodes)
             rows, prompts = hinted.rows, hinted.prompt_ids
@@ -82,13 +98,23 @@ def measure(policy: Policy, problems: list[Problem], tasks: TaskSource, teacher:
             policy.generate(retry.prompts, sampling, retry)
             for i, verdict in zip(rows, retry.verdicts()):
                 fixed[i] = verdict.reward >= 1.0
-        fixed_PG = fixed.view_as(ok_PG)
-        accuracy = fixed_PG.float().mean().item()
-        result[kind] = {"accuracy": accuracy, "gap": accuracy - result["plain"]["accuracy"],
-                        "pass@G": fixed_PG.any(1).float().mean().item(),
-                        "rescued_all_fail": (fixed_PG.any(1) & all_fail_P).float().sum().item() / max(1, all_fail_P.sum().item()),
-                        "hinted": len(rows) / max(1, len(failed))}
+        result[kind] = summary(fixed.view_as(ok_PG), ok_PG, len(rows) / max(1, len(failed)))
+        accuracy_P[kind] = fixed.view_as(ok_PG).float().mean(1)
+        if kind != "none":
+            result[kind]["over_none"] = bootstrap_interval((accuracy_P[kind] - accuracy_P["none"]).tolist())
     return result
+
+
+def summary(fixed_PG: torch.Tensor, ok_PG: torch.Tensor, hinted: float) -> dict:
+    """One kind's numbers from its attempts' correctness after the retry (`fixed_PG`) and before it
+    (`ok_PG`), both [problems, G] bool; the interval of the gap is over problems."""
+    all_fail_P = ~ok_PG.any(1)
+    accuracy, plain = fixed_PG.float().mean().item(), ok_PG.float().mean().item()
+    return {"accuracy": accuracy, "gap": accuracy - plain,
+            "gap_interval": bootstrap_interval((fixed_PG.float().mean(1) - ok_PG.float().mean(1)).tolist()),
+            "pass@G": fixed_PG.any(1).float().mean().item(),
+            "rescued_all_fail": (fixed_PG.any(1) & all_fail_P).sum().item() / max(1, all_fail_P.sum().item()),
+            "hinted": hinted}
 
 
 def teacher_gap(run_dir: str | Path, step: int | None = None, attempts: int = 8, seed: int = 0,
@@ -118,13 +144,22 @@ def teacher_gap(run_dir: str | Path, step: int | None = None, attempts: int = 8,
 
 
 def table(gap: dict) -> str:
-    kinds = [k for k in KINDS if k in next(iter(gap.values()))]
-    lines = ["| bucket | plain | pass@G | all-fail | " + " | ".join(f"{k}: gap (rescued all-fail)" for k in kinds) + " |",
-             "|---|---|---|---|" + "---|" * len(kinds)]
+    """Markdown: per bucket the plain numbers, none's gap over plain, then each kind's rescue over none."""
+    kinds = [k for k in KINDS if k in next(iter(gap.values())) and k != "none"]
+    cell = lambda d: fmt_interval(d, show_n=False)
+    lines = ["| bucket | n | plain | pass@G | all-fail | none: gap (rescued all-fail) | "
+             + " | ".join(f"{k}: over none (rescued all-fail)" for k in kinds) + " |",
+             "|---|---|---|---|---|---|" + "---|" * len(kinds)]
     for bucket, r in gap.items():
         p = r["plain"]
-        lines.append(f"| {bucket} | {p['accuracy']:.3f} | {p['pass@G']:.3f} | {p['all_fail']:.3f} | " + " | ".join(
-            f"{r[k]['gap']:+.3f} ({r[k]['rescued_all_fail']:.2f})" for k in kinds) + " |")
+        lines.append(f"| {bucket} | {p['n']} | {p['accuracy']:.3f} | {p['pass@G']:.3f} | "
+                     f"{p['all_fail']:.3f} | {cell(r['none']['gap_interval'])} ({r['none']['rescued_all_fail']:.2f}) | "
+                     + " | ".join(f"{cell(r[k]['over_none'])} ({r[k]['rescued_all_fail']:.2f})" for k in kinds) + " |")
+    lines += ["", "n: held-out problems; plain: share of the G sampled attempts correct; none: accuracy gained when "
+              "each failed attempt is sampled once more with no context, minus plain; each other kind: accuracy "
+              "with its retry minus accuracy with the none retry (what the context adds over another try). "
+              "Brackets [ ]: 95% bootstrap interval over problems; ( ): share of all-fail problems that kind's "
+              "retry solves."]
     return "\n".join(lines)
 
 

@@ -227,7 +227,8 @@ class Trainer:
         teacher = self.teacher_weights.policy() if self.teacher_weights.started else self.policy
         ctx = EvalContext(policy=self.policy, tasks=self.tasks, teacher=self.teacher, tok=self.tok, env=self.env,
                           max_new_tokens=self.cfg.rollout.max_new_tokens, max_turns=self.cfg.rollout.max_turns,
-                          teacher_policy=teacher)
+                          teacher_policy=teacher, temperature=self.cfg.rollout.temperature,
+                          pass_k=self.cfg.eval.pass_k, seed=self.cfg.seed)
         return metrics_of(run_suites(self.cfg.eval.suites, ctx, self.rank, self.world, dist.sum_over_ranks))
 
     # ------------------------------------------------------------------ warm-start
@@ -252,6 +253,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ one RL step
     def rl_step(self) -> dict[str, float]:
+        if not self.method.generates:
+            return self.reference_step()
         timings: dict[str, float] = {}
         clock = time.perf_counter()
 
@@ -270,6 +273,27 @@ class Trainer:
         metrics.update(timings)
         self._log_rollouts(batch)
         return metrics
+
+    def reference_step(self) -> dict[str, float]:
+        """The RL step of a method that generates nothing (`Method.generates` False: the oracle,
+        rl/methods/oracle.py): the problems a rollout would draw, G rows each as the method renders
+        them (reference answers), its loss over the step's one normaliser. The budget counts trained
+        tokens only: nothing is generated or scored."""
+        ro = self.cfg.rollout
+        problems = self._my_slice(self.tasks.next_batch(ro.prompts_per_step))
+        self.tasks.assert_disjoint(problems)
+        rows = self.method.references([p for p in problems for _ in range(ro.attempts_per_prompt)], self.tok,
+                                      self.env, self.policy.device)
+        norm = self._normaliser(self.cfg.method.loss_norm, rows.mask_NC, rows.n)
+        self.budget.add_sequences("trained", rows.prompt_ids, rows.mask_NC)
+        self.engine.train()
+
+        def loss_of(index: list[int]):
+            micro = rows.select(index)
+            scores = self.train_policy.score(micro.prompt_ids, micro.completion_ids_NC, router_aux=True)
+            return (*self.method.loss(micro, scores, norm), scores.aux_loss)
+
+        return self._accumulate(rows.n, loss_of)
 
     def collect(self, lap=lambda name: None) -> tuple[Batch, dict[str, float]]:
         """The step's batch: rollout, verification, advantages, then the method's own stages."""

@@ -22,7 +22,7 @@ def test_behaviour_checks_on_known_answers():
 def test_listing_hinted_runs_heldout_once():
     from rl.evals import SUITES, suites_to_run
 
-    assert set(SUITES) == {"heldout", "hinted", "private", "behaviour"}
+    assert set(SUITES) == {"heldout", "hinted", "private", "behaviour", "reference_logprob"}
     assert suites_to_run(["heldout", "hinted", "behaviour", "heldout"]) == ["hinted", "behaviour"]
     assert suites_to_run(["heldout"]) == ["heldout"]
     with pytest.raises(KeyError, match="unknown eval suite"):

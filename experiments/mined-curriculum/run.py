@@ -1,6 +1,7 @@
 """Mine a finished default run, then train on a mix that keeps what its policy solved sometimes.
 
     python experiments/mined-curriculum/run.py runs/default/RUN [--seeds 0 1 2] [--steps 600]
+    python experiments/mined-curriculum/run.py --summary-only   # the tables again from results/summary.json
 
 1. Mine: `python -m rl.mine RUN --remeasure RUN` keeps the problems the run's policy solved only
    sometimes during RL (0 < pass rate < 1), re-measured on its final checkpoint (16 samples each).
@@ -13,8 +14,11 @@
       mined    task.mix {all: 0.7, mined: 0.3}: 30% of the RL problems from the mined training half
       random   the same mix with a file of as many random training-stream problems: the control
                (the same mix and file plumbing, problems not chosen for the policy)
-4. results/summary.json and results/summary.md: per arm, mean, std and range over seeds of the
-   held-out accuracy (final and peak), the private mined set's accuracy, and tokens generated.
+4. results/summary.json and results/summary.md: per arm, mean, sample std (n) and range over seeds
+   (rl/stats.py) of the held-out accuracy (final and peak), the private mined set's accuracy, and
+   tokens generated; per arm against plain, the paired per-seed difference (the arms of a seed share
+   its warm-start) with its 95% interval. summary.json keeps each run's own numbers ("rows"), from
+   which --summary-only rebuilds the rest without any run.
 
 Runs go to runs/mined-curriculum/<arm>-s<seed>; a run that already finished is reused
 (rl.runs.run_all), so the script picks up where it stopped.
@@ -33,6 +37,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rl import runs  # noqa: E402
+from rl.stats import fmt, fmt_interval, paired_difference, spread  # noqa: E402
 
 ARMS = ("plain", "mined", "random")
 WARMSTART_STEPS = 1200        # experiments/default's: the RL phase starts here
@@ -85,18 +90,29 @@ def mining_stats(source: Path, mined: list[dict], n_train: int, n_private: int) 
             "mean_pass_rate_logged": statistics.mean(r.get("logged_pass_rate", r["pass_rate"]) for r in mined)}
 
 
-def summarize(rows: dict[str, list[dict]], mining: dict) -> tuple[dict, str]:
-    def stats(values):
-        values = [v for v in values if v is not None]
-        if not values:
-            return None
-        return {"mean": statistics.mean(values), "std": statistics.pstdev(values), "min": min(values),
-                "max": max(values), "n": len(values)}
+PAIRED = (("final", "held-out end"), ("peak", "held-out peak (RL)"), ("private_final", "private mined end"))
 
-    summary = {"mined": mining, "arms": {}}
+
+def stats(values):
+    """rl/stats.py's spread (mean, sample std, n; no std for one value) and the range; None for none."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {**spread(values), "min": min(values), "max": max(values)}
+
+
+def seed_of(row: dict) -> str:
+    return Path(row["run"]).name.rsplit("-s", 1)[-1]
+
+
+def summarize(rows: dict[str, list[dict]], mining: dict) -> tuple[dict, str]:
+    summary = {"mined": mining, "rows": rows, "arms": {}, "vs_plain": {}}
     for arm, per_seed in rows.items():
         summary["arms"][arm] = {key: stats([r[key] for r in per_seed]) for key in per_seed[0] if key != "run"}
         summary["arms"][arm]["runs"] = [r["run"] for r in per_seed]
+    by_seed = lambda arm, key: {seed_of(r): r[key] for r in rows[arm]}   # noqa: E731
+    for arm in ARMS[1:]:
+        summary["vs_plain"][arm] = {key: paired_difference(by_seed(arm, key), by_seed("plain", key)) for key, _ in PAIRED}
     lines = [f"Mined from {mining['source']}: {mining['distinct']} distinct problems in {mining['appearances']} RL "
              f"appearances; kept {mining['kept']} with 0 < pass rate < 1 over 16 re-measured samples (mean "
              f"{mining['mean_pass_rate_remeasured']:.3f}; {mining['mean_pass_rate_logged']:.3f} as logged in RL): "
@@ -109,7 +125,10 @@ def summarize(rows: dict[str, list[dict]], mining: dict) -> tuple[dict, str]:
              "|---|---|---|---|---|---|---|---|"]
 
     def cell(s):
-        return "—" if s is None else f"{s['mean']:.3f} ± {s['std']:.3f} ({s['min']:.3f}..{s['max']:.3f})"
+        """mean ± sample std (range); n is the seeds column ("(n=1)" alone for one seed)."""
+        if s is None:
+            return "—"
+        return fmt(s, show_n=False) + ("" if s["n"] == 1 else f" ({s['min']:.3f}..{s['max']:.3f})")
 
     for arm, s in summary["arms"].items():
         gen = s["generated"]
@@ -123,16 +142,32 @@ def summarize(rows: dict[str, list[dict]], mining: dict) -> tuple[dict, str]:
         lines.append(f"| {Path(p['run']).name.split('-s')[-1]} | {p['start']:.3f} | {p['final']:.3f} | {m['final']:.3f} | "
                      f"{r['final']:.3f} | {m['final'] - p['final']:+.3f} | {r['final'] - p['final']:+.3f} | "
                      f"{p['private_final']:.3f} / {m['private_final']:.3f} / {r['private_final']:.3f} |")
+    lines += ["", "Paired difference vs plain, per seed, 95% interval (the arm minus plain on each seed; they share the "
+              "seed's warm-start): mean [Student-t 95% interval] (n seeds).", "",
+              "| arm − plain | " + " | ".join(head for _, head in PAIRED) + " |", "|---|" + "---|" * len(PAIRED)]
+    for arm, diffs in summary["vs_plain"].items():
+        lines.append(f"| {arm} | " + " | ".join(fmt_interval(diffs[key]) for key, _ in PAIRED) + " |")
     return summary, "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("source", type=Path, help="a finished run of experiments/default")
+    parser.add_argument("source", type=Path, nargs="?", help="a finished run of experiments/default")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--parallel", type=int, default=2, help="runs at once (one torch thread each)")
+    parser.add_argument("--summary-only", action="store_true",
+                        help="rebuild summary.json's aggregates and summary.md from its per-run rows; run nothing")
     args = parser.parse_args(argv)
+    if args.summary_only:
+        saved = json.loads((HERE / "results" / "summary.json").read_text())
+        if "rows" not in saved:
+            print("results/summary.json has no per-run rows (written before run.py kept them): rerun the arms",
+                  file=sys.stderr)
+            return 2
+        return write(*summarize(saved["rows"], saved["mined"]))
+    if args.source is None:
+        parser.error("SOURCE is required (a finished run of experiments/default), unless --summary-only")
     source = args.source.resolve()
     if runs.status(source)["state"] != "finished":
         print(f"{source}: not a finished run (python -m rl.runs status {source})", file=sys.stderr)
@@ -165,7 +200,10 @@ def main(argv=None) -> int:
                              "private_final": private_acc["final"], "generated": generated,
                              "refused_per_step": refused})
         rows[arm] = per_seed
-    summary, table = summarize(rows, mining_stats(source, mined, n_train, sum(1 for _ in private.open())))
+    return write(*summarize(rows, mining_stats(source, mined, n_train, sum(1 for _ in private.open()))))
+
+
+def write(summary: dict, table: str) -> int:
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "summary.json").write_text(json.dumps(summary, indent=1))
     (HERE / "results" / "summary.md").write_text(table)

@@ -2,6 +2,7 @@
 and evaluate both on the same suites, every stage through the experiment API (rl/runs.py).
 
     python experiments/model-chain/chain.py [--seeds 0 1 2] [--parallel 2]
+    python experiments/model-chain/chain.py --summary-only   # the tables again from results/summary.json
 
 Stage 1  large/   a 2.86M-parameter student (experiments/teacher's shape), warm-start then grpo,
                   exported at its end (trainer.export_to) -> runs/model-chain-large/large-s0/export
@@ -12,7 +13,10 @@ Stage 2  small/   the default 1.02M student from scratch, per seed:
                                      shape: the control, which should not work
 Stage 3  rl.eval  every final model (stage 1's export and each stage 2 run) on the same suites
                   (hinted: held-out accuracy, hinted accuracy and the teacher gap; behaviour)
-         -> results/summary.json, results/summary.md (mean ± std and range over seeds, tokens)
+         -> results/summary.json, results/summary.md: per arm mean ± sample std (n) and range over
+            seeds (rl/stats.py), tokens; per arm against grpo, the paired per-seed difference (a seed's
+            runs share its warm-start) with its 95% interval. summary.json keeps every model's own
+            numbers ("models"), from which --summary-only rebuilds the rest without any run.
 
 A stage's run that already finished is reused (its status says so), so the chain resumes where it
 stopped; a run that failed stops the chain with its last error line.
@@ -21,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -31,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from rl import runs  # noqa: E402
 from rl.config import load_config  # noqa: E402
+from rl.stats import fmt, fmt_interval, paired_difference, spread  # noqa: E402
 
 SUITES = ["hinted", "behaviour"]
 KEYS = ("eval/accuracy", "eval/accuracy_hinted", "eval/teacher_gap", "eval/behaviour/format_ok",
@@ -66,7 +70,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--parallel", type=int, default=2, help="stage-2 runs at once (one torch thread each)")
+    parser.add_argument("--summary-only", action="store_true",
+                        help="rebuild summary.json's aggregates and summary.md from its per-model numbers; run nothing")
     args = parser.parse_args(argv)
+    if args.summary_only:
+        return write(json.loads((HERE / "results" / "summary.json").read_text())["models"])
 
     # Stage 1: the larger student, exported; and the control's teacher: the same shape untrained
     # (one RL step at a negligible learning rate, so that there is a checkpoint to export).
@@ -95,8 +103,23 @@ def main(argv=None) -> int:
     for name, path in models.items():      # the trainer's own evaluations along the run
         run_dir = large if name == "large" else path
         results[name]["curve"] = curve(run_dir, load_config(run_dir).warmstart.steps)
-    summary = {"suites": SUITES, "models": results, "arms": {}}
-    for arm in ("large", "distill", "grpo", "untrained-distill"):
+    return write(results)
+
+
+ARMS = ("large", "distill", "grpo", "untrained-distill")
+PAIRED = (("eval/accuracy", "accuracy"), ("eval/accuracy_hinted", "hinted accuracy"), ("peak", "RL peak"))
+
+
+def value(model: dict, key: str):
+    """A model's number by key: a suite metric, or a field of its training curve."""
+    return model["curve"][key] if key in model["curve"] else model["metrics"].get(key)
+
+
+def summarize(results: dict) -> dict:
+    """Per arm, spreads over its seeds; per arm but grpo and large, the paired difference from grpo
+    per seed (the runs of a seed share its warm-start exactly)."""
+    summary = {"suites": SUITES, "models": results, "arms": {}, "vs_grpo": {}}
+    for arm in ARMS:
         names = [n for n in results if n == arm or n.startswith(f"{arm}-s")]
         summary["arms"][arm] = {"runs": names, **{key: _stats([results[n]["metrics"].get(key) for n in names])
                                                   for key in KEYS}}
@@ -104,6 +127,15 @@ def main(argv=None) -> int:
         summary["arms"][arm]["scored"] = _stats([results[n]["tokens"].get("scored") for n in names])
         for key in ("warmstart_end", "peak", "lift"):
             summary["arms"][arm][key] = _stats([results[n]["curve"][key] for n in names])
+    by_seed = lambda arm, key: {n.rsplit("-s", 1)[1]: value(r, key) for n, r in results.items()  # noqa: E731
+                                if n.startswith(f"{arm}-s")}
+    for arm in ("distill", "untrained-distill"):
+        summary["vs_grpo"][arm] = {key: paired_difference(by_seed(arm, key), by_seed("grpo", key)) for key, _ in PAIRED}
+    return summary
+
+
+def write(results: dict) -> int:
+    summary = summarize(results)
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "summary.json").write_text(json.dumps(summary, indent=1))
     table = _table(summary)
@@ -113,20 +145,21 @@ def main(argv=None) -> int:
 
 
 def _stats(values):
+    """rl/stats.py's spread (mean, sample std, n; no std for one value) and the range; None for none."""
     values = [v for v in values if v is not None]
     if not values:
         return None
-    return {"mean": statistics.mean(values), "std": statistics.pstdev(values), "min": min(values),
-            "max": max(values), "n": len(values)}
+    return {**spread(values), "min": min(values), "max": max(values)}
 
 
 def _table(summary: dict) -> str:
     def cell(s, scale=1.0, digits=3):
+        """mean ± sample std (range); n is the runs column ("(n=1)" alone for one run)."""
         if s is None:
             return "—"
         if s["n"] == 1:
-            return f"{s['mean'] / scale:.{digits}f}"
-        return f"{s['mean'] / scale:.{digits}f} ± {s['std'] / scale:.{digits}f} ({s['min'] / scale:.{digits}f}..{s['max'] / scale:.{digits}f})"
+            return fmt(s, 1 / scale, digits, show_n=False)
+        return f"{fmt(s, 1 / scale, digits, show_n=False)} ({s['min'] / scale:.{digits}f}..{s['max'] / scale:.{digits}f})"
 
     lines = ["| model | runs | accuracy | hinted accuracy | format ok | eos rate | answer tokens | generated | scored |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -140,15 +173,16 @@ def _table(summary: dict) -> str:
     for name, r in summary["models"].items():
         c = r["curve"]
         lines.append(f"| {name} | {c['warmstart_end']:.3f} | {c['peak']:.3f} | {c['end']:.3f} | {c['lift']:+.3f} |")
-    seeds = sorted(n.split("-s")[-1] for n in summary["models"] if n.startswith("distill-s"))
-    diffs = [summary["models"][f"distill-s{k}"]["curve"]["end"] - summary["models"][f"grpo-s{k}"]["curve"]["end"]
-             for k in seeds if f"grpo-s{k}" in summary["models"]]
-    if diffs:
-        lines += ["", "End, distill − grpo, per seed (" + ", ".join(seeds) + "): "
-                  + ", ".join(f"{d:+.3f}" for d in diffs) + f"; mean {statistics.mean(diffs):+.3f}"]
-    lines += ["", "| arm | lift over warm-start (mean ± std, range) | RL peak |", "|---|---|---|"]
+    lines += ["", "Paired difference vs grpo, per seed, 95% interval (the arm's run minus grpo's on each seed; they "
+              "share the seed's warm-start): mean [Student-t 95% interval] (n seeds), then the per-seed differences.",
+              "", "| arm − grpo | " + " | ".join(head for _, head in PAIRED) + " |", "|---|" + "---|" * len(PAIRED)]
+    for arm, diffs in summary["vs_grpo"].items():
+        lines.append(f"| {arm} | " + " | ".join(
+            fmt_interval(diffs[key]) + " (" + ", ".join(f"s{k} {d:+.3f}" for k, d in diffs[key]["per_seed"].items()) + ")"
+            for key, _ in PAIRED) + " |")
+    lines += ["", "| arm | runs | lift over warm-start (mean ± std, range) | RL peak |", "|---|---|---|---|"]
     for arm, s in summary["arms"].items():
-        lines.append(f"| {arm} | {cell(s['lift'])} | {cell(s['peak'])} |")
+        lines.append(f"| {arm} | {len(s['runs'])} | {cell(s['lift'])} | {cell(s['peak'])} |")
     return "\n".join(lines) + "\n"
 
 

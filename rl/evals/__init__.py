@@ -5,6 +5,10 @@
                accuracy with it: the teacher gap (rl/evaluate.py)                 accuracy_with_hint, teacher_gap
     private    greedy accuracy on each private set (`eval.private`, e.g. mined)   eval/private/<name>/accuracy
     behaviour  answer format, length, <eos> rate, hint text echoed in answers     eval/behaviour/*
+    reference_logprob
+               log pi(reference answer | prompt) per problem and per token, and   eval/reference_logprob[_per_token],
+               pass@k of eval.pass_k sampled episodes: continuous signals on      eval/pass@k, sampled_accuracy
+               the held-out sets and the private ones                             [/<bucket>], eval/private/<name>/*
 
 A suite names the problem sets it reads (`sets`) and turns one shard of a set into counts
 (`counts`: sums, so the ranks holding shards add them up); `report` turns every set's summed counts
@@ -30,7 +34,7 @@ from teacher import Teacher
 @dataclass
 class EvalContext:
     """What a suite may use: the policy under test (greedy), the self-teacher's weights, the task,
-    the teacher that writes hints, and the run's rollout shape."""
+    the teacher that writes hints, the run's rollout shape, and what sampled suites draw with."""
     policy: Policy
     tasks: TaskSource
     teacher: Teacher
@@ -39,6 +43,9 @@ class EvalContext:
     max_new_tokens: int
     max_turns: int = 1
     teacher_policy: Policy | None = None          # None: the policy itself (a live self-teacher)
+    temperature: float = 1.0                      # sampled suites: rollout.temperature
+    pass_k: int = 0                               # sampled attempts per problem (eval.pass_k); 0: none
+    seed: int = 0                                 # sampled suites seed their draws from it (the run's seed)
 
 
 class Suite:
@@ -91,6 +98,6 @@ def metrics_of(results: dict[str, dict]) -> dict[str, float]:
     return {k: v for r in results.values() for k, v in r["metrics"].items()}
 
 
-from rl.evals import behaviour, heldout, hinted, private  # noqa: E402,F401  (register the suites)
+from rl.evals import behaviour, heldout, hinted, private, reference_logprob  # noqa: E402,F401  (register the suites)
 
 __all__ = ["SUITES", "EvalContext", "Suite", "metrics_of", "register", "run_suites", "suites_to_run"]

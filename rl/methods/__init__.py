@@ -7,11 +7,12 @@ from rl.methods.base import Method, StepContext
 from rl.methods.corrected_replay import CorrectedReplay
 from rl.methods.grpo import GRPO
 from rl.methods.hint_distill import HintDistill
+from rl.methods.oracle import Oracle
 from rl.methods.self_distill import SelfDistill
 from rl.methods.teacher_distill import TeacherDistill
 
 METHODS: dict[str, type[Method]] = {m.name: m for m in (GRPO, HintDistill, CorrectedReplay, SelfDistill,
-                                                        TeacherDistill)}
+                                                        TeacherDistill, Oracle)}
 
 
 def get_method(name: str) -> type[Method]:

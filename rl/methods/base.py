@@ -57,6 +57,12 @@ class Method:
     name: ClassVar[str]
     summary: ClassVar[str]
     Config: ClassVar[type] = MethodConfig
+    # False: the method trains on the problems' reference answers, not on rollouts (the oracle,
+    # rl/methods/oracle.py). The trainer's RL step then draws the step's problems, asks the method's
+    # `references(group, tok, env, device)` for rows with `prompt_ids`, `completion_ids_NC`,
+    # `mask_NC`, `n` and `select(index)`, and trains on them with `loss` (rl/trainer.py::reference_step):
+    # no rollout, verify, advantages or `extend`.
+    generates: ClassVar[bool] = True
 
     def __init__(self, cfg: MethodConfig):
         self.cfg = cfg
