@@ -76,6 +76,7 @@ class Batch:
     targets: dict[str, RowTargets] = field(default_factory=dict)
     hinted: Any = None                   # rl.feedback.HintedRows of the step, if a teacher was asked
     transcripts: list | None = None      # rl.episodes.Transcript per row: its messages and their token spans
+    correction_gamma: float | None = None  # corrected_replay's Guide γ, fixed once per step (not per micro-batch)
 
     def __post_init__(self):
         if self.weight_N is None:

@@ -74,8 +74,17 @@ def policy_gradient_loss(logp_NC, old_logp_NC, adv_N, mask_NC, norm: float, clip
 CORRECTION_WEIGHTS = ("guide", "luffy", "is", "sft")
 
 
+def guide_gamma(logp_NC, behaviour_logp_NC, mask_NC, quantile: float = 0.9) -> float:
+    """Guide's γ: the `quantile` of r = π_θ / π_b over the real tokens of mask_NC, floored at 1e-4
+    (guide_rl: torch.quantile over the off-policy tokens, clamp(min=1e-4)); 1 for no tokens."""
+    mask = mask_NC.bool()
+    ratio = torch.exp((logp_NC - behaviour_logp_NC).detach()[mask])
+    return max(torch.quantile(ratio, quantile).item(), 1e-4) if ratio.numel() else 1.0
+
+
 def corrected_trajectory_loss(logp_NC, behaviour_logp_NC, adv_N, mask_NC, norm: float, weight: str = "guide",
-                              is_clip: float = 2.0, shape_gamma: float = 0.1, guide_quantile: float = 0.9):
+                              is_clip: float = 2.0, shape_gamma: float = 0.1, guide_quantile: float = 0.9,
+                              gamma: float | None = None):
     """Policy gradient for rows sampled from another distribution: corrected trajectories, sampled
     with the hint h in context, trained without it. Per token t of a corrected row with advantage A,
     π_θ = π_θ(y_t | x, y_<t) (no hint), π_b = π_old(y_t | x, h, y_<t) (the hinted sampler), and
@@ -83,8 +92,10 @@ def corrected_trajectory_loss(logp_NC, behaviour_logp_NC, adv_N, mask_NC, norm: 
     the *gradient weight* w_t (= ∂f/∂log π_θ) is what decides whether a hint-supplied token,
     unlikely without the hint, is learned:
 
-        guide  f = r / (r + γ), γ = the `guide_quantile` (0.9) quantile of r over this call's corrected
+        guide  f = r / (r + γ), γ = the `guide_quantile` (0.9) quantile of r over the step's corrected
                tokens, floored at 1e-4, detached; no clip.            w = γ r / (r + γ)²
+               (`gamma`: γ fixed by the caller for the whole step, so that splitting the step into
+               micro-batches does not change it; None: taken over this call's tokens, `guide_gamma`.)
                Guide-GRPO (Nath et al., arXiv 2506.13923, Eq. 6 with the percentile γ of its code,
                guide_rl core_algos.compute_policy_loss, gamma_strategy="percentile"). γ moves with
                the batch, so a token at the batch's typical ratio keeps weight ~1/4 however small
@@ -124,11 +135,11 @@ def corrected_trajectory_loss(logp_NC, behaviour_logp_NC, adv_N, mask_NC, norm: 
     metrics = {}
     if weight == "guide":
         ratio_NC = torch.exp(log_ratio_NC)
-        real = ratio_NC.detach()[mask]
-        gamma = torch.quantile(real, guide_quantile).clamp(min=1e-4) if real.numel() else torch.ones((), device=logp_NC.device)
+        if gamma is None:
+            gamma = guide_gamma(logp_NC, behaviour_logp_NC, mask_NC, guide_quantile)
         f_NC = ratio_NC / (ratio_NC + gamma)
         w_NC = (gamma * ratio_NC / (ratio_NC + gamma) ** 2).detach()
-        metrics["corrected/guide_gamma"] = gamma.item()
+        metrics["corrected/guide_gamma"] = gamma
     elif weight == "luffy":
         p_NC = torch.exp(logp_NC)
         f_NC = p_NC / (p_NC + shape_gamma)

@@ -39,7 +39,7 @@ from rl.batch import Batch
 from rl.episodes import Episodes, Transcript
 from rl.config import MethodConfig
 from rl.feedback import hint_failed_attempts
-from rl.losses import CORRECTION_WEIGHTS, corrected_trajectory_loss, group_advantages, policy_gradient_loss
+from rl.losses import CORRECTION_WEIGHTS, corrected_trajectory_loss, group_advantages, guide_gamma, policy_gradient_loss
 from rl.methods.grpo import GRPO
 from student.policy import Routes, distinct_prompts
 
@@ -52,7 +52,7 @@ class CorrectedReplayConfig(MethodConfig):
     guide_quantile: float = 0.9              # guide: γ = this quantile of the batch's ratios
     shape_gamma: float = 0.1                 # luffy: γ of π/(π+γ)
     is_clip: float = 2.0                     # is: truncation of the per-token importance weight
-    check_routes: bool = True                # measure corrected/route_mismatch (an uncounted forward)
+    check_routes: bool = False               # measure corrected/route_mismatch (a diagnostic: one more forward a step)
 
     CHOICES: ClassVar[dict[str, tuple]] = {**MethodConfig.CHOICES, "when": ("all_fail", "failed"),
                                            "weight": CORRECTION_WEIGHTS}
@@ -138,7 +138,17 @@ class CorrectedReplay(GRPO):
             hinted_routes = [self._join_routes([c.new_full((s, c.size(-1)), -1) for s in starts], g, width)
                              for c, g in zip(batch.routes.completion, roll.routes.completion)]
             metrics["corrected/route_mismatch"] = self._route_mismatch(ctx, corrected, hinted_routes)
+        if m.weight == "guide":
+            # γ once for the step, from the hint-free policy before the update (as the training
+            # forward will see it: one epoch), so gradient accumulation does not change it. A
+            # scoring pass of the method's own (counted), with the router free.
+            with torch.no_grad():
+                free = ctx.policy.score(corrected.prompt_ids, corrected.completion_ids_NC,
+                                            temperature=ctx.cfg.rollout.temperature)
+            gamma = guide_gamma(free.logprobs_NC, corrected.old_logprobs_NC, corrected.mask_NC, m.guide_quantile)
         batch.add_rows(corrected, ctx.tok.pad_id)
+        if m.weight == "guide":
+            batch.correction_gamma = gamma
         batch.advantages_N = group_advantages(batch.rewards_N, batch.group_N, m.adv_std_norm)
         metrics.update({"corrected/rows": float(len(source)),
                         "corrected/success_rate": sum(v.reward >= 1.0 for v in verdicts) / len(verdicts)})
@@ -190,7 +200,7 @@ class CorrectedReplay(GRPO):
             corrected = micro.mask_NC & ~rollout[:, None]
             extra, more, seq_weight_N = corrected_trajectory_loss(
                 scores.logprobs_NC, micro.old_logprobs_NC, micro.advantages_N, corrected, norm, m.weight,
-                is_clip=m.is_clip, shape_gamma=m.shape_gamma, guide_quantile=m.guide_quantile)
+                is_clip=m.is_clip, shape_gamma=m.shape_gamma, guide_quantile=m.guide_quantile, gamma=micro.correction_gamma)
             loss = loss + extra
             metrics.update(more)
             # Per bucket, what one successful correction is worth next to a supervised example (1).
