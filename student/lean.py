@@ -10,8 +10,8 @@ not offer:
 * a preallocated KV cache for decoding (`StaticKV`),
 * prompt sharing: rows that share a prompt (the G attempts of a group) forward it once, and its
   keys/values are gathered to the rows, in generation (`Collect` then `StaticKV`) and in scoring
-  (`SharedPrefix`, prompts and continuations in one pass) alike; the gradient of the shared prompt
-  sums over its rows,
+  (`Packed`: shared prefixes and every row's rest in one pass, no padding) alike; the gradient of
+  the shared prompt sums over its rows,
 * routes as arguments: each forward may record the experts it picked and may be told which
   experts to use (router replay, student/router_replay.py), with no hooks.
 
@@ -35,6 +35,10 @@ from student.experts import expert_mlp
 
 # model_type -> whether queries and keys are RMS-normalised per head (Qwen3) or not (Mixtral).
 FAMILIES = {"qwen3_moe": True, "mixtral": False}
+# CPU attention over at least this many keys runs through SDPA's fused kernel rather than two
+# matmuls and a softmax: measured at 64 rows, 4 heads of 32, 2 threads, SDPA is 1.5x faster at 48
+# keys and 3x at 144 (a self-teacher's feedback context), slower below ~32 (a rollout's rows).
+SDPA_MIN_KEYS = 48
 
 
 def unsupported(model: torch.nn.Module) -> str | None:
@@ -99,36 +103,66 @@ class NoPast(KV):
         return k, v
 
 
-class SharedPrefix(KV):
-    """U prefixes of P tokens and N continuations of C tokens (row_N[i]: the prefix of continuation
-    i) in one forward. The caller feeds a single row, the U*P prefix tokens then the N*C
-    continuation tokens, so every per-token op (norms, projections, experts) runs once over all of
-    them; only attention splits them: a prefix attends within itself (prefix_bias, (U, 1, P, P)), a
-    continuation to its prefix's keys and then causally (cont_bias, (N, 1, C, P + C)). The
-    gradient of a prefix sums over its continuations. Differentiable.
+class Packed(KV):
+    """Rows as one sequence of their real tokens, with shared prefixes forwarded once: U heads (a
+    prompt prefix shared by one or more rows) and N continuations (the rest of a row: its own
+    prompt tail, then its fed completion tokens). The caller feeds the single row (1, T), heads'
+    tokens then continuations', so every per-token op (norms, projections, experts) runs once over
+    exactly these tokens; only attention regroups them into padded rows: a head attends causally
+    within itself (head_bias, (U, 1, P, P)), a continuation to its head's keys and then causally to
+    its own (cont_bias, (N, 1, C, P + C)). The gradient of a head sums over its rows.
+    Differentiable.
+
+    head_UP / cont_NC: the packed index of each head / continuation token, left-padded (a pad
+    points at token 0, hidden by the bias; head_mask_UP / cont_mask_NC say which are real);
+    head_of_N: each row's head. Built by student/lean_policy.py::pack_rows.
 
     Why one pass: forwarding the prefixes first and the continuations on their keys after doubles
     the op count, and at RL shapes (8 prompts of ~9 tokens) that second, short pass cost a sixth of
-    the training forward + backward."""
+    the training forward + backward. Why no padding: the self-teacher's contexts (a problem, then
+    each row's own feedback) differ in length by tens of tokens."""
 
-    def __init__(self, u: int, p: int, row_N: torch.Tensor, prefix_bias: torch.Tensor, cont_bias: torch.Tensor):
-        self.u, self.p, self.row_N = u, p, row_N
-        self.n, self.c = len(row_N), cont_bias.size(2)
-        self.prefix_bias, self.cont_bias = prefix_bias, cont_bias
+    def __init__(self, head_UP, head_mask_UP, head_bias, cont_NC, cont_mask_NC, head_of_N, cont_bias):
+        self.head, self.cont = _Segment(head_UP, head_mask_UP), _Segment(cont_NC, cont_mask_NC)
+        self.keys = _Segment(torch.cat([head_UP[head_of_N], cont_NC], dim=1), None)   # a continuation's keys
+        self.head_bias, self.cont_bias = head_bias, cont_bias
 
     def attend(self, lean, layer, qkv_NSJd, qk_norm_w, cos, sin, bias_N1ST):
-        def rows(t, start, count, length):     # (1, S, heads, d) token range -> (count, heads, length, d)
-            return t[0, start:start + count * length].view(count, length, t.size(2), t.size(3)).transpose(1, 2)
+        q_THd, k_TKd, v_TKd = (t[0] for t in lean._heads(qkv_NSJd, qk_norm_w, cos, sin))
+        h, c = self.head, self.cont
+        out = [h.tokens(lean._attention(h.rows(q_THd), h.rows(k_TKd), h.rows(v_TKd), self.head_bias))]
+        if c.width:
+            out.append(c.tokens(lean._attention(c.rows(q_THd), self.keys.rows(k_TKd), self.keys.rows(v_TKd),
+                                                self.cont_bias)))
+        return torch.cat(out)[None]      # back in packed order: heads' real tokens, then continuations'
 
-        q_NSHd, k_NSKd, v_NSKd = lean._heads(qkv_NSJd, qk_norm_w, cos, sin)
-        up, (h, d) = self.u * self.p, q_NSHd.shape[2:]
-        q, k, v = (rows(t, 0, self.u, self.p) for t in (q_NSHd, k_NSKd, v_NSKd))
-        out = [lean._attention(q, k, v, self.prefix_bias).transpose(1, 2).reshape(up, h, d)]
-        if self.c:
-            qc, kc, vc = (rows(t, up, self.n, self.c) for t in (q_NSHd, k_NSKd, v_NSKd))
-            keys, values = torch.cat([k[self.row_N], kc], dim=2), torch.cat([v[self.row_N], vc], dim=2)
-            out.append(lean._attention(qc, keys, values, self.cont_bias).transpose(1, 2).reshape(-1, h, d))
-        return torch.cat(out)[None]
+
+class _Segment:
+    """Padded rows (R, L) of packed token indices (`mask_RL`: the real ones, in packed order):
+    gathers (T, heads, d) into (R, heads, L, d), and attention outputs back to packed order. Rows
+    without padding that sit contiguously in the packed sequence (a group's completions) are views."""
+
+    def __init__(self, index_RL: torch.Tensor, mask_RL: torch.Tensor | None):
+        self.count, self.width = index_RL.shape
+        self.flat = index_RL.flatten()
+        dense = mask_RL is None or bool(mask_RL.all())
+        self.real = None if dense else mask_RL.flatten().nonzero().squeeze(1)
+        self.start = None                # dense and contiguous: rows are a view of tokens start..
+        if dense and self.flat.numel():
+            first = int(self.flat[0])
+            if torch.equal(self.flat, torch.arange(first, first + self.flat.numel(), device=self.flat.device)):
+                self.start = first
+
+    def rows(self, t_THd: torch.Tensor) -> torch.Tensor:
+        if self.start is not None:
+            t = t_THd[self.start:self.start + self.flat.numel()]
+        else:
+            t = t_THd.index_select(0, self.flat)
+        return t.view(self.count, self.width, *t_THd.shape[1:]).transpose(1, 2)
+
+    def tokens(self, out_RHLd: torch.Tensor) -> torch.Tensor:
+        out = out_RHLd.transpose(1, 2).reshape(self.count * self.width, out_RHLd.size(1), out_RHLd.size(3))
+        return out if self.real is None else out.index_select(0, self.real)
 
 
 class StaticKV(KV):
@@ -247,7 +281,7 @@ class LeanForward:
         return qk[:, :, :h_], qk[:, :, h_:], v
 
     def _attention(self, q_NHSd, k_NKTd, v_NKTd, bias_N1ST):
-        if q_NHSd.is_cuda:
+        if q_NHSd.is_cuda or k_NKTd.size(2) >= SDPA_MIN_KEYS:
             return self._attention_sdpa(q_NHSd, k_NKTd, v_NKTd, bias_N1ST)
         # Query heads grouped by the key/value head they share (transformers' repeat_kv order), so
         # GQA is two batched matmuls without materialising repeated keys.
@@ -262,7 +296,8 @@ class LeanForward:
     def _attention_sdpa(self, q_NHSd, k_NKTd, v_NKTd, bias_N1ST):
         """The same attention through torch SDPA, which picks a fused kernel on a GPU (with an
         additive mask, the memory-efficient one: every row's padding and prefix layout is a mask).
-        On the CPU the two matmuls above are faster at this project's sizes."""
+        On the CPU the two matmuls above are faster for short rows (a rollout's prompt and
+        completion), SDPA's fused kernel for long ones (SDPA_MIN_KEYS)."""
         return F.scaled_dot_product_attention(q_NHSd, k_NKTd, v_NKTd, attn_mask=bias_N1ST.to(q_NHSd.dtype),
                                               scale=self.scale, enable_gqa=True)
 
@@ -299,7 +334,7 @@ class LeanForward:
         (the caller projects them, e.g. in chunks).
 
         bias_N1ST: additive attention bias (0 or -inf) over the T keys the layer attends to (unused
-        by a SharedPrefix, which holds its own); every query must see at least one key. forced[l]:
+        by `Packed`, which holds its own); every query must see at least one key. forced[l]:
         (N*S, K) expert ids for routed layer l, a row of -1 leaving that token to the router; `replay`
         (a MismatchCounter) then counts how often the forced ids differ from the router's own choice.
         """
@@ -345,11 +380,13 @@ def prompt_bias(mask_NP: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(see.shape, dtype=dtype, device=dev).masked_fill_(~see, float("-inf"))[:, None]
 
 
-def continuation_bias(mask_NP: torch.Tensor, s: int, dtype: torch.dtype) -> torch.Tensor:
-    """Bias for s new tokens after a left-padded prompt: the prompt's real keys, then causal."""
-    (n, p), dev = mask_NP.shape, mask_NP.device
-    see = torch.cat([mask_NP.bool()[:, None, :].expand(n, s, p),
-                     torch.ones(s, s, dtype=torch.bool, device=dev).tril()[None].expand(n, s, s)], dim=2)
+def continuation_bias(head_mask_NP: torch.Tensor, cont_mask_NC: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bias for left-padded continuations after left-padded heads: the head's real keys, then the
+    continuation's own real keys causally; a padding query sees itself (its output is unused)."""
+    (n, p), c, dev = head_mask_NP.shape, cont_mask_NC.size(1), head_mask_NP.device
+    causal = torch.ones(c, c, dtype=torch.bool, device=dev).tril()
+    own = (causal[None] & cont_mask_NC.bool()[:, None, :]) | torch.eye(c, dtype=torch.bool, device=dev)[None]
+    see = torch.cat([head_mask_NP.bool()[:, None, :].expand(n, c, p), own], dim=2)
     return torch.zeros(see.shape, dtype=dtype, device=dev).masked_fill_(~see, float("-inf"))[:, None]
 
 

@@ -1,8 +1,10 @@
 """The policy on the lean forward (student/lean.py): qwen3_moe and mixtral.
 
-Generation prefills each distinct prompt once and decodes on a preallocated KV cache; scoring
-packs the distinct prompts and every row's completion into one pass when prompts are shared (a
-group's G attempts), so per-token ops run once. Routes are arguments and results, not hooks.
+Generation prefills each distinct prompt once and decodes on a preallocated KV cache. Scoring
+packs every row into one pass of real tokens, no padding (`pack_rows`): each shared prefix once
+(a group's G attempts share their prompt; a self-teacher's contexts share the problem and the
+feedback's opening), then every row's own rest, so per-token ops run once per distinct token.
+Routes are arguments and results, not hooks.
 
 Work without gradient runs under torch.inference_mode rather than no_grad (no autograd
 bookkeeping per op, which matters at RL shapes: thousands of small ops per rollout), and its
@@ -14,11 +16,19 @@ import dataclasses
 
 import torch
 
-from student.lean import (Collect, LeanForward, NoPast, RouteLog, SharedPrefix, StaticKV, continuation_bias,
+from student.lean import (Collect, LeanForward, NoPast, Packed, RouteLog, StaticKV, continuation_bias,
                           load_balancing_loss, positions, prompt_bias)
 from student.policy import (Decoding, Distribution, ReplayCounting, Rollout, Routes, Sampling, Scores, Turns,
                             distinct_prompts, left_pad)
 from student.router_replay import MismatchCounter
+
+
+# Rows whose prompts are all distinct are packed (shared prefixes once, no padding) when that
+# leaves at most this share of the whole rows' padded tokens. A self-teacher's feedback contexts
+# pack to ~0.65 and score 1.5x faster (no gradient, 1 thread); distinct short prompts sharing a
+# token or two pack to ~0.8 and gain ~5%, not worth moving the rounding of the whole-row pass that
+# the toy learning runs of tests/test_learning.py were measured on (a toy run amplifies rounding).
+PACK_AT_MOST = 0.75
 
 
 def _usable_outside(x):
@@ -100,21 +110,39 @@ class LeanPolicy(ReplayCounting):
         ids_UP, mask_UP = left_pad(distinct, self.pad_id, dev)
         u, p = ids_UP.shape
         inputs_NS = completion_NC[:, :-1]               # the last token predicts nothing scored
-        forced_prompt = forced_rest = None
+        n, s = inputs_NS.shape
+        forced = None
         if routes is not None:
             if len(routes.prompt[0]) != u or routes.completion[0].shape[:2] != inputs_NS.shape:
                 raise ValueError(f"routes for {len(routes.prompt[0])} prompts x "
                                  f"{tuple(routes.completion[0].shape[:2])} tokens do not fit {u} prompts x "
                                  f"{tuple(inputs_NS.shape)}")
             # A row subset's prompts are left-padded to their own longest: keep the last p route columns.
-            forced_prompt = [r[:, -p:].reshape(-1, r.size(-1)) for r in routes.prompt]
-            forced_rest = [r.reshape(-1, r.size(-1)) for r in routes.completion]
+            forced = [(r[:, -p:], c) for r, c in zip(routes.prompt, routes.completion)]
+        replay = self.replay if forced is not None else None
+        pack = pack_rows(distinct, of_row, s, self.dtype)
+        if u <= n // 2 or pack.source_T.numel() <= PACK_AT_MOST * n * (p + s):
+            # shared prompts or prefixes: each forwarded once, with every row's rest, in one pass
+            ids_NS, pos_NS, bias, kv = (torch.cat([ids_UP.flatten(), inputs_NS.flatten()])[pack.source_T][None],
+                                        pack.pos_T[None], None, pack.kv)
+            scored, weights_T = pack.scored_NS.flatten(), pack.weights_T
+            if forced is not None:
+                forced = [torch.cat([r.reshape(-1, r.size(-1)), c.reshape(-1, c.size(-1))])[pack.source_T]
+                          for r, c in forced]
+        else:             # distinct prompts sharing little: one forward over whole rows
+            mask = torch.cat([mask_UP[of_row], torch.ones_like(inputs_NS)], dim=1)
+            ids_NS, pos_NS, bias, kv = (torch.cat([ids_UP[of_row], inputs_NS], dim=1), positions(mask),
+                                        prompt_bias(mask, self.dtype), NoPast())
+            scored, weights_T = p - 1, mask.flatten()
+            if forced is not None:
+                forced = [torch.cat([r[of_row], c], dim=1).reshape(-1, r.size(-1)) for r, c in forced]
 
         def compute():
             log = RouteLog(lean.num_layers, logits=True) if router_aux else None
-            hidden_NCD, weights_T = self._hidden(ids_UP, mask_UP, of_row, inputs_NS, forced_prompt, forced_rest, log)
-            scores = self.dist.scores(hidden_NCD, lean.head, self.model.lm_head.weight.size(0), completion_NC,
-                                      temperature, need, k)
+            hidden = lean(ids_NS, pos_NS, bias, kv, logits_from=scored, forced=forced, log=log, replay=replay,
+                          head=False)
+            scores = self.dist.scores(hidden.view(n, s + 1, -1), lean.head, self.model.lm_head.weight.size(0),
+                                      completion_NC, temperature, need, k)
             if router_aux:
                 cfg = self.model.config
                 num_experts = getattr(cfg, "num_experts", None) or cfg.num_local_experts
@@ -123,35 +151,104 @@ class LeanPolicy(ReplayCounting):
 
         return Scores(*lean.run(compute))
 
-    def _hidden(self, ids_UP, mask_UP, of_row, inputs_NS, forced_prompt, forced_rest, log):
-        """Final hidden states before every completion token, and each routed token's weight in the
-        aux loss (a shared prompt counts once per row)."""
-        lean, dev, dtype = self.lean, self.device, self.dtype
-        replay = self.replay if forced_prompt is not None else None
-        (u, p), (n, s) = ids_UP.shape, inputs_NS.shape
-        if u <= n // 2:   # shared prompts: each forwarded once, in one pass with every row's continuation
-            mask_NP = mask_UP[of_row]
-            ids_1S = torch.cat([ids_UP.flatten(), inputs_NS.flatten()])[None]
-            pos_1S = torch.cat([positions(mask_UP).flatten(),
-                                (mask_NP.sum(1, keepdim=True) + torch.arange(s, device=dev)).flatten()])[None]
-            packed = SharedPrefix(u, p, of_row, prompt_bias(mask_UP, dtype), continuation_bias(mask_NP, s, dtype))
-            # each prompt's last position, then every fed completion token
-            scored = torch.cat([torch.arange(u, device=dev) * p + p - 1, u * p + torch.arange(n * s, device=dev)])
-            forced = None if forced_prompt is None else [torch.cat(f) for f in zip(forced_prompt, forced_rest)]
-            h_TD = lean(ids_1S, pos_1S, None, packed, logits_from=scored, forced=forced, log=log, replay=replay,
-                        head=False)[0]
-            hidden = torch.cat([h_TD[:u][of_row, None], h_TD[u:].view(n, s, h_TD.size(-1))], dim=1)
-            weights_T = torch.cat([(mask_UP * torch.bincount(of_row, minlength=u)[:, None]).flatten(),
-                                   torch.ones(inputs_NS.numel(), device=dev)])
-        else:             # distinct prompts: one forward over whole rows
-            ids_NP, mask_NP = ids_UP[of_row], mask_UP[of_row]
-            mask = torch.cat([mask_NP, torch.ones_like(inputs_NS)], dim=1)
-            forced = None
-            if forced_prompt is not None:
-                forced = [torch.cat([fp.view(u, p, -1)[of_row], fr.view(n, s, -1)], dim=1).reshape(-1, fp.size(-1))
-                          for fp, fr in zip(forced_prompt, forced_rest)]
-            hidden = lean(torch.cat([ids_NP, inputs_NS], dim=1), positions(mask), prompt_bias(mask, dtype), NoPast(),
-                          logits_from=p - 1, forced=forced, log=log, replay=replay, head=False)
-            weights_T = mask.flatten()
-        return hidden, weights_T
 
+# ---------------------------------------------------------------------- packing rows for scoring
+@dataclasses.dataclass
+class Packing:
+    """N rows (prompt, then S fed completion tokens) as one packed sequence of T real tokens."""
+    source_T: torch.Tensor    # each token's index into cat(distinct prompts left-padded (U, p), fed tokens (N, S))
+    pos_T: torch.Tensor       # its position in its row
+    weights_T: torch.Tensor   # the rows it serves (a shared head's token counts once per row: aux loss)
+    scored_NS: torch.Tensor   # (N, S + 1) packed index of each row's last prompt token, then its fed tokens
+    kv: Packed
+
+
+def pack_rows(distinct: list[list[int]], of_row: torch.Tensor, s: int, dtype: torch.dtype) -> Packing:
+    """The `Packed` layout of rows whose prompts are `distinct[of_row[i]]`, each followed by s fed
+    completion tokens: the heads `shared_heads` picks (each forwarded once), then every row's
+    continuation (the rest of its prompt, then its fed tokens), no padding."""
+    dev, n = of_row.device, len(of_row)
+    len_U = torch.tensor([len(x) for x in distinct], device=dev)
+    p = int(len_U.max())                                    # the width distinct prompts are left-padded to
+    heads = shared_heads(distinct, torch.bincount(of_row, minlength=len(distinct)).tolist())
+    head_of_U = torch.empty(len(distinct), dtype=torch.long, device=dev)
+    for c, (members, _) in enumerate(heads):
+        head_of_U[members] = c
+    first_H = torch.tensor([members[0] for members, _ in heads], device=dev)
+    len_H = torch.tensor([length for _, length in heads], device=dev)
+    # heads, left-padded to P: j is the token's index in its head (negative on padding)
+    big_p = int(len_H.max())
+    j_HP = torch.arange(big_p, device=dev) - (big_p - len_H)[:, None]
+    mask_HP = j_HP >= 0
+    source_HP = (first_H * p + p - len_U[first_H])[:, None] + j_HP
+    head_HP = torch.where(mask_HP, (len_H.cumsum(0) - len_H)[:, None] + j_HP, 0)
+    # continuations, left-padded to C: the prompt's tail after its head, then the fed tokens
+    head_N = head_of_U[of_row]
+    start_N, tail_N = len_H[head_N], len_U[of_row] - len_H[head_N]
+    len_N = tail_N + s
+    c = int(len_N.max())
+    j_NC = torch.arange(c, device=dev) - (c - len_N)[:, None]
+    mask_NC = j_NC >= 0
+    from_tail = (of_row * p + p - len_U[of_row] + start_N)[:, None] + j_NC
+    from_fed = len(distinct) * p + (torch.arange(n, device=dev) * s)[:, None] + j_NC - tail_N[:, None]
+    source_NC = torch.where(j_NC < tail_N[:, None], from_tail, from_fed)
+    cont_NC = torch.where(mask_NC, (int(len_H.sum()) + len_N.cumsum(0) - len_N)[:, None] + j_NC, 0)
+    last_N = head_HP[head_N, -1]                            # a row's last prompt token: its head's,
+    if c > s:                                               # or its tail's where it has one
+        last_N = torch.where(tail_N > 0, cont_NC[:, c - s - 1], last_N)
+    rows_H = torch.zeros(len(heads), device=dev).index_add_(0, head_of_U[of_row], torch.ones(n, device=dev))
+    kv = Packed(head_HP, mask_HP, prompt_bias(mask_HP, dtype), cont_NC, mask_NC, head_N,
+                continuation_bias(mask_HP[head_N], mask_NC, dtype))
+    weights_T = torch.cat([rows_H[:, None].expand(mask_HP.shape)[mask_HP], torch.ones(int(len_N.sum()), device=dev)])
+    return Packing(source_T=torch.cat([source_HP[mask_HP], source_NC[mask_NC]]),
+                   pos_T=torch.cat([j_HP[mask_HP], (start_N[:, None] + j_NC)[mask_NC]]), weights_T=weights_T,
+                   scored_NS=torch.cat([last_N[:, None], cont_NC[:, c - s:]], dim=1), kv=kv)
+
+
+def shared_heads(prompts: list[list[int]], rows_U: list[int]) -> list[tuple[list[int], int]]:
+    """Which distinct prompts share a head (a common prefix forwarded once): [(members, head
+    length)]; a prompt that shares nothing is its own head.
+
+    Sorted, prompts with a common prefix sit together. A run of them sharing its common prefix of
+    μ tokens costs μ + Σ rows·(len − μ) tokens (the head once, then each row's own tail), against
+    Σ len apart (each prompt once for all its rows, as a group's attempts are); a run shares when
+    that saves more than splitting it at its weakest link, recursively. So a GRPO group's prompt is
+    forwarded once, and a self-teacher's contexts (the problem, then each row's own feedback)
+    share the problem and what follows up to the first token where they differ."""
+    order = sorted(range(len(prompts)), key=prompts.__getitem__)
+    lcp = [_common_prefix(prompts[a], prompts[b]) for a, b in zip(order, order[1:])]
+
+    # prefix sums over the sorted prompts of len - rows x len, and of rows
+    own, rows = [0], [0]
+    for u in order:
+        own.append(own[-1] + len(prompts[u]) * (1 - rows_U[u]))
+        rows.append(rows[-1] + rows_U[u])
+
+    def saving(lo, hi, mu):           # tokens saved by members order[lo..hi] sharing mu tokens
+        return own[hi + 1] - own[lo] + mu * (rows[hi + 1] - rows[lo]) - mu
+
+    best: dict[tuple[int, int], tuple[int, list]] = {}
+    todo = [(0, len(order) - 1, False)]
+    while todo:                       # post-order over the runs, split at their weakest link
+        lo, hi, ready = todo.pop()
+        if lo == hi:
+            best[lo, hi] = (0, [([order[lo]], len(prompts[order[lo]]))])
+            continue
+        weakest = min(range(lo, hi), key=lcp.__getitem__)
+        if not ready:
+            todo += [(lo, hi, True), (lo, weakest, False), (weakest + 1, hi, False)]
+            continue
+        (left, lh), (right, rh) = best.pop((lo, weakest)), best.pop((weakest + 1, hi))
+        together = saving(lo, hi, lcp[weakest]) if lcp[weakest] else 0
+        best[lo, hi] = ((left + right, lh + rh) if left + right >= together
+                        else (together, [(order[lo:hi + 1], lcp[weakest])]))
+    return best[0, len(order) - 1][1]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
