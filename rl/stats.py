@@ -7,7 +7,7 @@ One definition each, so that "± x" means the same in every README:
                                    Student-t interval (arms that share a warm-start per seed are
                                    paired: the seed's luck cancels in the difference)
     bootstrap_interval(values)     a 95% percentile-bootstrap interval of a mean (e.g. over problems)
-    fmt(s) / fmt_difference(d)     "0.477 ± 0.041 (n=3)", "0.500 (n=1)", "+0.022 [-0.010, +0.054] (n=3)"
+    fmt(s) / fmt_interval(d)       "0.477 ± 0.041 (n=3)", "0.500 (n=1)", "+0.022 [-0.010, +0.054] (n=3)"
 """
 from __future__ import annotations
 
