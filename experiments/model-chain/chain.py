@@ -29,6 +29,12 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+
+
+def _relative(path: Path) -> str:
+    """A run folder as the summary records it: relative to the repository, no machine's paths."""
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -99,7 +105,7 @@ def main(argv=None) -> int:
     # Stage 3: every final model on the same suites.
     models = {"large": export, **{d.name: d for d in small}}
     results = {name: {"metrics": evaluate(path), "tokens": tokens(large if name == "large" else path),
-                      "model": str(path)} for name, path in models.items()}
+                      "model": _relative(path)} for name, path in models.items()}
     for name, path in models.items():      # the trainer's own evaluations along the run
         run_dir = large if name == "large" else path
         results[name]["curve"] = curve(run_dir, load_config(run_dir).warmstart.steps)
