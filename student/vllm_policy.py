@@ -34,7 +34,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -72,12 +71,6 @@ class EngineSettings:
 
 def _unpack(d: dict) -> np.ndarray:
     return np.frombuffer(base64.b64decode(d["data"]), dtype=d["dtype"]).reshape(d["shape"])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def checkpoint_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -144,8 +137,11 @@ class VLLMEngine:
     # ------------------------------------------------------------------ process
     def _start(self, model_dir: Path) -> None:
         s = self.settings
-        self.port = _free_port()
-        cmd = [str(vllm_python(s)), str(SERVER), "--model", str(model_dir), "--port", str(self.port),
+        # The engine binds a port the system picks and names it in this file once it serves: a port
+        # picked here and bound there later could be taken meanwhile (CI saw it: EADDRINUSE).
+        port_file = self.shm / "port"
+        self.port = None
+        cmd = [str(vllm_python(s)), str(SERVER), "--model", str(model_dir), "--port-file", str(port_file),
                "--dtype", self.dtype, "--seed", str(self.seed), "--threads", str(s.threads)]
         if s.cpus:
             cmd = ["taskset", "-c", s.cpus] + cmd
@@ -162,11 +158,15 @@ class VLLMEngine:
             if self.process.poll() is not None:
                 raise VLLMEngineError(f"the vLLM engine exited with code {self.process.returncode} while starting; "
                                       f"log: {self.log_path}\n{self._tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
-                    health = json.loads(r.read())
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                health = None
+            if self.port is None and port_file.exists():
+                self.port = int(port_file.read_text())
+            health = None
+            if self.port is not None:
+                try:
+                    with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                        health = json.loads(r.read())
+                except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                    pass
             if health is not None:
                 if health.get("reload_problem"):        # it could generate, but never take new weights
                     raise VLLMEngineError(f"rollout.engine=vllm: {health['reload_problem']}")

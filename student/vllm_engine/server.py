@@ -1,4 +1,4 @@
-"""The vLLM rollout engine's process: `python student/vllm_engine/server.py --model DIR --port P`.
+"""The vLLM rollout engine's process: `python student/vllm_engine/server.py --model DIR --port-file F`.
 
 Runs in the vLLM environment (`.venv-vllm`), started and stopped by the trainer
 (student/vllm_policy.py), one engine per training rank. It holds one in-process `vllm.LLM`
@@ -28,6 +28,7 @@ import sys
 import time
 import traceback
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
@@ -134,7 +135,14 @@ class Engine:
         return {"tensors": n, "seconds": time.perf_counter() - start}
 
 
-def serve(engine: Engine, port: int) -> None:
+def serve(engine_factory, port: int, port_file: str | None) -> None:
+    """Bind first, then build the engine, then tell the trainer the port: the socket is held from
+    the start, so nothing started meanwhile (vLLM's own process group, another run's rendezvous)
+    can take the port the trainer was told (a port picked early and bound late can be taken)."""
+    server = HTTPServer(("127.0.0.1", port), BaseHTTPRequestHandler)
+    port = server.server_address[1]
+    engine = engine_factory()
+
     class Handler(BaseHTTPRequestHandler):
         def _reply(self, code: int, body: dict) -> None:
             data = json.dumps(body).encode()
@@ -170,7 +178,11 @@ def serve(engine: Engine, port: int) -> None:
         def log_message(self, *args):             # one line per request would drown the log
             pass
 
-    server = HTTPServer(("127.0.0.1", port), Handler)
+    server.RequestHandlerClass = Handler
+    if port_file:                                 # written whole, then renamed: never read half-written
+        tmp = Path(port_file).with_suffix(".tmp")
+        tmp.write_text(str(port))
+        tmp.replace(port_file)
     print(f"[hintrl vllm engine] serving on 127.0.0.1:{port}", flush=True)
     try:
         server.serve_forever()
@@ -183,7 +195,8 @@ def serve(engine: Engine, port: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="HF folder (config.json + safetensors)")
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--port", type=int, default=0, help="0 = one the system picks (see --port-file)")
+    parser.add_argument("--port-file", default=None, help="where to write the port once serving")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-model-len", type=int, default=None, help="default: the model's max_position_embeddings")
@@ -192,7 +205,7 @@ def main() -> int:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3,
                         help="GPU only: the share of GPU memory the engine may take (the trainer needs the rest)")
     args = parser.parse_args()
-    serve(Engine(args), args.port)
+    serve(lambda: Engine(args), args.port, args.port_file)
     return 0
 
 
