@@ -90,6 +90,10 @@ class WarmstartConfig:
     lr: float = 1e-3
     warmup_steps: int = 20
     hint_fraction: float = 0.5               # share of demonstrations with a hint in context
+    hint_fraction_by_bucket: dict[str, float] = field(default_factory=dict)   # per bucket, over hint_fraction
+    decay: str = "none"                      # after warmup: "none" (constant lr), "cosine" or "linear" down to
+    min_lr_ratio: float = 0.1                # lr x this at the last warm-start step (a constant rate kept
+                                             # reshaping what a warm-start taught: experiments/hidden-rule)
     mix: dict[str, float] = field(default_factory=dict)     # buckets demonstrations come from; {} = task.mix
     # Who writes the demonstrations' hints: "" = the run's teacher (teacher.*); or a teacher.kind
     # for warm-start only, e.g. "rule" when the run's teacher is a model too slow for
@@ -344,6 +348,7 @@ def validate(cfg: RunConfig) -> None:
     _choice(cfg.teacher.reveal, {"mismatch", "all_but_last"}, "teacher.reveal")
     _validate_teacher(cfg.teacher)
     _choice(cfg.rollout.engine, {"local", "vllm"}, "rollout.engine")
+    _choice(cfg.warmstart.decay, {"none", "cosine", "linear"}, "warmstart.decay")
     if cfg.rollout.vllm.cpus and not re.fullmatch(r"\d+(-\d+(:\d+)?)?(,\d+(-\d+(:\d+)?)?)*", cfg.rollout.vllm.cpus):
         raise ConfigError(f"rollout.vllm.cpus={cfg.rollout.vllm.cpus!r} is not a list of cores for taskset -c "
                           "(e.g. 1 or 0-3,6; \"\" = any)")
@@ -399,6 +404,8 @@ RANGES: tuple[tuple[str, Any, str], ...] = (
         "student.router_aux_loss_coef", "deepspeed.gradient_clipping", "deepspeed.param_persistence_threshold",
         "rollout.vllm.max_engine_vocab", "eval.pass_k")),
     ("warmstart.hint_fraction", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("warmstart.hint_fraction_by_bucket", lambda v: all(0 <= f <= 1 for f in v.values()), "fractions in [0, 1]"),
+    ("warmstart.min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("launcher.master_port", lambda v: 0 <= v <= 65535, "a port in [0, 65535] (0 = a free one)"),
 )
 
@@ -455,6 +462,9 @@ def _validate_student(s: StudentConfig) -> None:
 def _validate_teacher(t: TeacherConfig) -> None:
     import torch
 
+    if t.decoy and t.kind != "dataset":
+        raise ConfigError(f"teacher.decoy=true is the dataset teacher's control (a task's decoy hints); "
+                          f"teacher.kind={t.kind!r} writes its own")
     if t.kind == "hf" and not t.model:
         raise ConfigError("teacher.kind=hf needs teacher.model (a Hugging Face folder or a .gguf file)")
     if t.kind == "openai" and not (t.base_url and t.model):
@@ -522,6 +532,9 @@ def _validate_mixes(cfg: RunConfig, names: set[str]) -> None:
             raise ConfigError(f"{key} names {unknown}, not buckets of the task ({sorted(names)})")
         if any(not math.isfinite(w) or w < 0 for w in mix.values()) or (mix and sum(mix.values()) <= 0):
             raise ConfigError(f"{key}={dict(mix)}: weights must be >= 0 and finite, with a positive sum")
+    unknown = sorted(set(cfg.warmstart.hint_fraction_by_bucket) - names)
+    if unknown:
+        raise ConfigError(f"warmstart.hint_fraction_by_bucket names {unknown}, not buckets of the task ({sorted(names)})")
 
 
 def _validate_buckets(cfg: RunConfig) -> None:

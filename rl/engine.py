@@ -15,6 +15,7 @@ order of collectives.
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import warnings
 from typing import Callable
@@ -77,7 +78,11 @@ def lr_at(step: int, cfg) -> float:
     """Absolute learning rate at optimizer step `step` (0-based) of the whole run."""
     ws, tr = cfg.warmstart, cfg.trainer
     if step < ws.steps:
-        return ws.lr * min(1.0, (step + 1) / max(1, ws.warmup_steps))
+        if ws.decay == "none" or step < ws.warmup_steps:
+            return ws.lr * min(1.0, (step + 1) / max(1, ws.warmup_steps))
+        progress = (step - ws.warmup_steps) / max(1, ws.steps - 1 - ws.warmup_steps)    # 0 .. 1 at the last step
+        shape = 0.5 * (1 + math.cos(math.pi * progress)) if ws.decay == "cosine" else 1 - progress
+        return ws.lr * (ws.min_lr_ratio + (1 - ws.min_lr_ratio) * shape)
     rl_step = step - ws.steps
     return tr.lr * min(1.0, (rl_step + 1) / max(1, tr.warmup_steps))
 

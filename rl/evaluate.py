@@ -6,8 +6,10 @@ is how much better the hint-conditioned distribution is than the student's own.
 
 `eval/accuracy_with_hint` is the self-teacher's accuracy: the teacher weights of the run's method
 (`method.teacher_weights`: the student itself when live, else its EMA or frozen copy) answer every
-problem greedily with the hint in context where the student's answer got one (a correct answer gets
-no hint, nor does one whose hint the leak guard dropped; those are answered plainly).
+problem greedily with the hint in context wherever the teacher writes one: for a separate (EMA or
+frozen) teacher that includes the problems the student answered right, since it may not know what
+the student has learned; a live one answers those as the student did. A problem without a hint (the
+rule teacher declines a right answer; the leak guard drops some) is answered plainly.
 `eval/teacher_gap` = accuracy_with_hint - accuracy: how far the distillation target is ahead.
 
 `evaluate` returns counts, so that ranks holding shards of the held-out set can sum them;
@@ -15,6 +17,8 @@ no hint, nor does one whose hint the leak guard dropped; those are answered plai
 (`plain_only`: no teacher, no retries; `record`: what a suite reads beyond the counts).
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
@@ -63,7 +67,7 @@ def evaluate(policy: Policy, problems: list[Problem], tasks: TaskSource, teacher
     context = {r: (transcripts[r].messages[:target], ids)
                for r, target, ids in zip(hinted.rows, hinted.targets, hinted.prompt_ids)}
 
-    def solves(rows: list[int], by: Policy) -> dict[int, bool]:
+    def solves(rows: list[int], by: Policy, context: dict = context) -> dict[int, bool]:
         """Greedy episodes of `rows` by `by`: from the hint's target message where a row has a hint,
         from the start elsewhere."""
         if not rows:
@@ -81,8 +85,16 @@ def evaluate(policy: Policy, problems: list[Problem], tasks: TaskSource, teacher
     if teacher_policy is policy:
         with_hint = {i: retry.get(i, correct[i]) for i in range(len(problems))}
     else:
-        # The teacher's own answers: with the hint where there is one, plain elsewhere.
-        with_hint = solves(list(range(len(problems))), teacher_policy)
+        # The teacher's own answers, with a hint wherever the teacher writes one, the student's right
+        # answers included: a frozen teacher asked plainly where the student has since learned what
+        # only the hint says (experiments/hidden-rule) would read 0 there, and the gap -1.
+        right = [i for i in range(len(problems)) if correct[i]]
+        more = hint_failed_attempts(teacher, LeakGuard(), tok, problems, attempts,
+                                    [replace(v, reward=0.0) if correct[i] else v for i, v in enumerate(verdicts)],
+                                    only=right, episodes=list(zip(transcripts, out.completion_ids_NC.tolist())))
+        teacher_context = {**context, **{r: (transcripts[r].messages[:target], ids)
+                                         for r, target, ids in zip(more.rows, more.targets, more.prompt_ids)}}
+        with_hint = solves(list(range(len(problems))), teacher_policy, teacher_context)
     return {"n": len(problems), "solved": sum(correct), "fixed": sum(retry.values()), "hinted": len(hinted.rows),
             "with_hint": sum(with_hint.values())}
 

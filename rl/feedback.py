@@ -44,9 +44,11 @@ def request_for(problem: Problem, attempt: str, verdict: Verdict, messages: list
     problem and the attempt), the verifier's feedback and, when it named one, its first wrong message."""
     if messages is None:
         messages = [{"role": "user", "content": problem.prompt}, {"role": "assistant", "content": attempt}]
-    # A problem file's human-written hints (task.source=jsonl) travel with the request.
-    hints = problem.entry.get("metadata", {}).get("hints") or []
-    return HintRequest(messages, verdict.feedback, problem.answer, list(hints), verdict.first_wrong, verdict.expected)
+    # A problem file's human-written hints (task.source=jsonl) travel with the request, and a task's
+    # decoys (rl/hidden_rule.py: a wrong rule, for the teacher.decoy control).
+    meta = problem.entry.get("metadata", {})
+    return HintRequest(messages, verdict.feedback, problem.answer, list(meta.get("hints") or []), verdict.first_wrong,
+                       verdict.expected, list(meta.get("decoy_hints") or []))
 
 
 def hint_failed_attempts(teacher: Teacher, guard: LeakGuard, tok: ByteTokenizer,

@@ -10,6 +10,8 @@ The folder holds `config.yaml` (the experiment) and `study.yaml` (the arms):
     target: {bucket: hard, arm: grpo}     # "reach the reference arm's mean final accuracy on that bucket"
     prepare: [teacher]                    # optional: experiment folders (relative) trained first, once,
                                           # e.g. a teacher model the arms load
+    gate: {bucket: hidden, kind: rule, min_over_none: 0.3}   # optional: a seed's arms run only when its
+                                          # warm-start's hinted retry beats the plain one by this (teacher gap)
     arms:                                 # name -> overrides applied to the RL phase; "{output_dir}" in
                                           # an override is the study's output folder
       grpo: [method.name=grpo]
@@ -88,6 +90,7 @@ class Study:
     target_bucket: str
     target_arm: str
     prepare: list[Path]
+    gate: dict | None = None       # {bucket, kind, min_over_none}: a seed's arms run only past it
 
 
 def load_study(folder: str | Path, seeds: list[int] | None = None, only: list[str] | None = None) -> Study:
@@ -96,9 +99,9 @@ def load_study(folder: str | Path, seeds: list[int] | None = None, only: list[st
     if not path.is_file():
         raise ConfigError(f"{path}: no such file (a study folder declares its arms in study.yaml)")
     spec = yaml.safe_load(path.read_text()) or {}
-    unknown = set(spec) - {"seeds", "target", "arms", "prepare"}
+    unknown = set(spec) - {"seeds", "target", "arms", "prepare", "gate"}
     if unknown:
-        raise ConfigError(f"{path}: unknown keys {sorted(unknown)} (study.yaml has seeds, target, prepare, arms)")
+        raise ConfigError(f"{path}: unknown keys {sorted(unknown)} (study.yaml has seeds, target, prepare, gate, arms)")
     prepare = [folder / p for p in spec.get("prepare") or []]
     for p in prepare:
         load_config(p)                   # a folder that does not load stops the study before any run
@@ -124,7 +127,39 @@ def load_study(folder: str | Path, seeds: list[int] | None = None, only: list[st
         study.arms = [a for a in arms if a.name in only]
     if study.target_bucket not in buckets:
         raise ConfigError(f"{path}: target.bucket {study.target_bucket!r} is not a bucket ({buckets})")
+    study.gate = _gate(path, spec.get("gate"), buckets)
     return study
+
+
+def _gate(path: Path, gate, buckets: list[str]) -> dict | None:
+    """study.yaml's `gate: {bucket, kind, min_over_none}`: the warm-started student's hinted retry
+    (teacher-gap kind, rl/teacher_gap.py) must beat the plain retry by min_over_none on bucket."""
+    if gate is None:
+        return None
+    from rl.teacher_gap import KINDS as GAP_KINDS
+
+    if not isinstance(gate, dict) or set(gate) != {"bucket", "kind", "min_over_none"}:
+        raise ConfigError(f"{path}: gate is {{bucket, kind, min_over_none}}, got {gate!r}")
+    if gate["bucket"] not in buckets:
+        raise ConfigError(f"{path}: gate.bucket {gate['bucket']!r} is not a bucket ({buckets})")
+    if gate["kind"] not in GAP_KINDS or gate["kind"] == "none":
+        raise ConfigError(f"{path}: gate.kind {gate['kind']!r}: one of {[k for k in GAP_KINDS if k != 'none']}")
+    return {"bucket": str(gate["bucket"]), "kind": str(gate["kind"]), "min_over_none": float(gate["min_over_none"])}
+
+
+def check_gate(gate: dict | None, gap: dict, where: str) -> None:
+    """Raises GateError when a warm-start's teacher gap (teacher_gap.json) falls short of the gate."""
+    if gate is None:
+        return
+    over = gap[gate["bucket"]][gate["kind"]].get("over_none", {}).get("mean")
+    if over is None or over < gate["min_over_none"]:
+        raise GateError(f"{where}: the {gate['kind']} retry beats the plain retry on {gate['bucket']} by {over} "
+                        f"< gate.min_over_none={gate['min_over_none']:g}: the warm-started student does not read "
+                        "the hint well enough for this study to answer its question; fix the warm-start first")
+
+
+class GateError(RuntimeError):
+    pass
 
 
 def _arm(path: Path, name: str, arm, all_seeds: list[int]) -> Arm:
@@ -199,6 +234,7 @@ def run_all(study: Study, output_dir: Path, jobs: int, fresh: bool) -> None:
                 raise RuntimeError(f"teacher gap of {run} failed; its output: {log_dir / f'warmstart-s{seed}-gap.log'}")
         base.mkdir(parents=True, exist_ok=True)
         shutil.copy(gap, base / f"teacher_gap-s{seed}.json")
+        check_gate(study.gate, json.loads(gap.read_text()), f"seed {seed} ({run})")
 
     def prepare(folder: Path) -> None:
         """Train a folder the arms need (e.g. their teacher) with its own config, once."""
@@ -253,7 +289,7 @@ def run_all(study: Study, output_dir: Path, jobs: int, fresh: bool) -> None:
             futures[-1].add_done_callback(done)
         errors = [f.exception() for f in [*prepared, *warm_futures.values(), *futures] if f.exception()]
     if errors:
-        raise RuntimeError("; ".join(str(e) for e in errors))
+        raise RuntimeError("; ".join(dict.fromkeys(str(e) for e in errors)))   # a seed's arms share its warm-start's
 
 
 # ---------------------------------------------------------------------------------------- summary

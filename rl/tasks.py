@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import reasoning_gym
 
+import rl.hidden_rule  # noqa: F401  (registers task.name: hidden_rule with reasoning-gym)
 from rl.config import EvalConfig, TaskConfig
 from rl.contamination import prompt_hash
 
@@ -172,6 +173,8 @@ class TaskSource:
             feedback = "correct"
         elif not attempt.strip():
             feedback = "no answer was given"
+        elif hasattr(self._scorers[problem.bucket], "feedback"):     # a task with its own words (rl/hidden_rule.py)
+            feedback = self._scorers[problem.bucket].feedback(attempt, problem.entry)
         else:
             feedback = f"incorrect: {attempt.strip()!r} does not match the expected answer"
         reward = score if self.cfg.reward == "partial" else float(score >= 1.0)

@@ -236,7 +236,7 @@ class Trainer:
         ws, tok = self.cfg.warmstart, self.tok
         problems = self._my_slice(self.tasks.next_batch(ws.batch_size, ws.mix or None))
         prompts, answers, masks = demonstrations(problems, self.warmstart_teacher, self.guard, tok, self.rng,
-                                                 ws.hint_fraction, self.env)
+                                                 ws.hint_fraction, self.env, ws.hint_fraction_by_bucket)
         answers_NC, mask_NC = right_pad(answers, tok.pad_id, self.policy.device, masks)
         norm = self._normaliser("token", mask_NC, len(prompts))
         self.budget.add_sequences("trained", prompts, mask_NC)

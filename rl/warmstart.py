@@ -35,15 +35,17 @@ def corrupt(answer: str, rng: random.Random) -> str:
 
 
 def demonstrations(problems: list[Problem], teacher: Teacher, guard: LeakGuard, tok: ByteTokenizer,
-                   rng: random.Random, hint_fraction: float, env: Environment
+                   rng: random.Random, hint_fraction: float, env: Environment,
+                   by_bucket: dict[str, float] | None = None
                    ) -> tuple[list[list[int]], list[list[int]], list[list[bool]]]:
-    """(prompt ids, completion ids, completion mask) per problem; a `hint_fraction` share carries a
-    hint if one is safe. The demonstration is `env`'s correct episode (`answer`: the answer alone);
+    """(prompt ids, completion ids, completion mask) per problem; a `hint_fraction` share (the
+    problem's bucket's in `by_bucket`, where it has one) carries a hint if one is safe. The demonstration is `env`'s correct episode (`answer`: the answer alone);
     in a multi-message one, the hint is about one of its assistant messages (an invented near-miss
     of it) and sits right before that message. The mask marks the assistant messages' tokens:
     what the environment says, and the hint, are context, never targets."""
     episodes = [env.demonstration(p) for p in problems]
-    chosen = [i for i in range(len(problems)) if rng.random() < hint_fraction]
+    by_bucket = by_bucket or {}
+    chosen = [i for i in range(len(problems)) if rng.random() < by_bucket.get(problems[i].bucket, hint_fraction)]
     targets = {}
     for i in chosen:
         said = [k for k, m in enumerate(episodes[i]) if m["role"] == "assistant"]

@@ -22,6 +22,7 @@ class HintRequest:
     hints: list[str] = field(default_factory=list)   # the problem's own human-written hints, if its task has them
     first_wrong: int | None = None   # a per-step verifier's pick: index of the first message that went wrong
     expected: str = ""            # what that message should have been (teacher's eyes only)
+    decoys: list[str] = field(default_factory=list)  # hints stating something wrong, for a control (teacher.decoy)
 
 
 @dataclass
@@ -47,6 +48,7 @@ class TeacherConfig:
     max_hint_chars: int = 80      # longer hints are cut: a hint is a nudge, not a solution
     reveal: str = "mismatch"      # rule: "mismatch" = prefix through the first wrong character; "all_but_last"
     shuffle: bool = False         # control: each attempt gets the hint written for another problem (teacher/shuffled.py)
+    decoy: bool = False           # dataset: control: the problem's decoy hint (a wrong rule, rl/hidden_rule.py), not its hint
     # Language-model teachers (hf, openai)
     prompt_template: str = ""     # file; relative = to the experiment folder; "" = teacher/prompts/default.txt
     model: str = ""               # hf: HF folder or .gguf file (pkg://DIST/FILE for a packaged one); openai: served name

@@ -1,0 +1,133 @@
+"""Hidden rules: problems the student can solve whose accepted answer follows a convention it cannot
+see, a reasoning-gym task (`task.name: hidden_rule`) so buckets, held-out sets and mixes work as for
+any other (rl/tasks.py).
+
+Where textual feedback must beat scalar reward: a failed attempt's reward says one bit, "wrong",
+while one sentence ("end the answer with :kd") states the rule every later problem shares (Xu et al.
+arXiv 2506.10341). The rule's information is the knob: `rule_bits` = b gives 2^b conventions, a
+suffix of ceil(b/4) letters after a colon ("47:kd" for 12 + 35 under the rule "kd"), the first
+letter from 2^(b - 4(L-1)) of "a".."p", the others from all 16. A student that writes a convention
+uniformly at random, as warm-start teaches (below), guesses the hidden one with probability 2^-b.
+
+The skill is `operators`: "+" and "-" over operands in [min_operand, max_operand], or "copy" (the
+number itself: "4821" -> "4821"), which experiments/hidden-rule uses because its 1M student writes
+a number back almost perfectly after a few hundred steps and two-digit sums only 5.6% of the time.
+Three kinds of bucket (`rule`):
+
+    none         the base skill: "12 + 35" -> "47"; no convention (forgetting is measured here)
+    per_problem  "12 + 35 ?" -> "47:" + a convention drawn per problem, stated in its hint: warm-start's
+                 buckets. Demonstrated with the hint (`warmstart.hint_fraction_by_bucket`), it teaches
+                 reading a stated rule; without, a uniform guess among the conventions
+    hidden       "12 + 35 ?" -> "47:" + one convention for every problem (drawn from `rule_seed`, so a
+                 study's seeds may share it or not): the RL bucket, never demonstrated as a rule
+
+What the verifier and the hint say (`hint`): "rule" states the problem's convention in the verifier's
+feedback ("incorrect: answers here end with :kd") and in the problem's hint ("end the answer with
+:kd", what `teacher.kind: dataset` hands a failed attempt); "wrong" states another convention (the
+control: a shuffled hint would state the same rule here, since every problem shares it); "none"
+states nothing ("incorrect"). Neither ever states the problem's number, so a hint carries the rule
+and no answer. GRPO sees only the reward.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+import reasoning_gym
+from reasoning_gym.dataset import ProceduralDataset
+
+LETTERS = "abcdefghijklmnop"        # 16: four bits a letter
+MARK = "?"                           # a prompt ending in it asks for the convention
+
+
+def suffix_length(bits: int) -> int:
+    return max(1, math.ceil(bits / 4))
+
+
+def convention(index: int, bits: int) -> str:
+    """The index-th of the 2^bits conventions: its letters, most significant first."""
+    if not 0 <= index < 2 ** bits:
+        raise ValueError(f"convention {index} is outside 0..2^{bits}-1")
+    letters = []
+    for _ in range(suffix_length(bits)):
+        index, digit = divmod(index, 16)
+        letters.append(LETTERS[digit])
+    return "".join(reversed(letters))
+
+
+def hidden_convention(bits: int, rule_seed: int) -> int:
+    """The hidden rule's index: a function of (bits, rule_seed) only."""
+    return random.Random(f"hidden-rule:{bits}:{rule_seed}").randrange(2 ** bits)
+
+
+def wrong_convention(index: int, bits: int) -> int:
+    """A convention other than `index` (half the space away): what the control's hint states."""
+    return (index + 2 ** (bits - 1)) % 2 ** bits
+
+
+@dataclass
+class HiddenRuleConfig:
+    rule: str = "hidden"             # "hidden" | "per_problem" | "none" (see the module docstring)
+    rule_bits: int = 8               # 2^rule_bits conventions; 1..16
+    rule_seed: int = 0               # which convention is the hidden one
+    hint: str = "rule"               # what feedback and hint state: "rule" | "wrong" | "none"
+    min_operand: int = 0
+    max_operand: int = 99
+    operators: list[str] = field(default_factory=lambda: ["+"])   # "+", "-", or "copy": "4821" -> "4821"
+    seed: int | None = None
+    size: int = 100_000
+
+    def validate(self) -> None:
+        if self.rule not in ("hidden", "per_problem", "none"):
+            raise ValueError(f"hidden_rule: rule={self.rule!r}: expected hidden, per_problem or none")
+        if self.hint not in ("rule", "wrong", "none"):
+            raise ValueError(f"hidden_rule: hint={self.hint!r}: expected rule, wrong or none")
+        if not 1 <= self.rule_bits <= 16:
+            raise ValueError(f"hidden_rule: rule_bits={self.rule_bits} must be in 1..16")
+        if not 0 <= self.min_operand <= self.max_operand:
+            raise ValueError(f"hidden_rule: operands {self.min_operand}..{self.max_operand} are not a range")
+        if not self.operators or set(self.operators) - {"+", "-", "copy"}:
+            raise ValueError(f"hidden_rule: operators={self.operators!r}: expected some of '+', '-', 'copy'")
+
+
+class HiddenRuleDataset(ProceduralDataset):
+    def __init__(self, config: HiddenRuleConfig):
+        super().__init__(config=config, seed=config.seed, size=config.size)
+
+    def __getitem__(self, idx: int) -> dict:
+        c = self.config
+        rng = random.Random(f"{self.seed}:{idx}")
+        a, b = rng.randint(c.min_operand, c.max_operand), rng.randint(c.min_operand, c.max_operand)
+        op = rng.choice(c.operators)
+        value = {"+": a + b, "-": a - b, "copy": a}[op]
+        expression = str(a) if op == "copy" else f"{a} {op} {b}"
+        meta = {"source_dataset": "hidden_rule", "expression": expression, "value": value, "hints": []}
+        if c.rule == "none":
+            return {"question": expression, "answer": str(value), "metadata": meta}
+        index = rng.randrange(2 ** c.rule_bits) if c.rule == "per_problem" else hidden_convention(c.rule_bits, c.rule_seed)
+        stated = {"rule": index, "wrong": wrong_convention(index, c.rule_bits), "none": None}[c.hint]
+        if stated is not None:
+            meta["stated"] = ":" + convention(stated, c.rule_bits)
+            meta["hints"] = [f"end the answer with {meta['stated']}"]
+        # The wrong-rule control's hint (teacher.decoy): another convention, stated alike.
+        meta["decoy_hints"] = [f"end the answer with :{convention(wrong_convention(index, c.rule_bits), c.rule_bits)}"]
+        meta.update(convention=":" + convention(index, c.rule_bits), rule_index=index)
+        expression = f"{expression} {MARK}"
+        meta["expression"] = expression
+        return {"question": expression, "answer": f"{value}:{convention(index, c.rule_bits)}", "metadata": meta}
+
+    def score_answer(self, answer: str | None, entry: dict) -> float:
+        return float(isinstance(answer, str) and answer.strip() == entry["answer"])
+
+    def feedback(self, answer: str, entry: dict) -> str:
+        """The verifier's words on a wrong answer: the stated convention (rule or wrong), never the number."""
+        stated = entry["metadata"].get("stated")
+        if not stated:
+            return "incorrect"
+        if answer.strip().endswith(stated):
+            return f"incorrect: the convention {stated} is right, the number is not"
+        return f"incorrect: answers here end with {stated}"
+
+
+reasoning_gym.register_dataset("hidden_rule", HiddenRuleDataset, HiddenRuleConfig)
