@@ -41,7 +41,7 @@ ENUMS = {
     "task.name": "basic_arithmetic", "task.environment": "answer", "student.arch": "qwen3_moe",
     "student.experts_implementation": "hintrl", "student.attn_implementation": "sdpa", "student.dtype": "float32",
     "teacher.kind": "rule", "teacher.reveal": "mismatch", "rollout.engine": "local", "deepspeed.dtype": "fp32",
-    "method.name": "grpo", "warmstart.teacher": "rule",
+    "method.name": "grpo", "warmstart.teacher": "rule", "warmstart.decay": "cosine",
 }
 # Text the loader takes as given (paths, names, addresses); some have values it can tell are bad.
 FREE_TEXT = {"output_dir", "experiment", "run_name", "task.path", "student.checkpoint", "teacher.prompt_template",
@@ -73,6 +73,7 @@ BAD_NUMBERS = {
     "rollout.attempts_per_prompt": ("0", "1", "-2"),          # 1: a group needs two (trainer.steps > 0)
     "rollout.temperature": ("0", "-1.0", "-0.01"),
     "warmstart.hint_fraction": ("1.5", "-0.1", "2"),
+    "warmstart.min_lr_ratio": ("1.5", "-0.1", "2"),
     "method.ema_rate": ("0", "1.5", "-0.05"),
     "method.guide_quantile": ("0", "1.5", "-0.1"),
     "deepspeed.zero_stage": ("4", "-1", "7"),
