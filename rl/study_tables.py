@@ -74,8 +74,21 @@ def results_markdown(summary: dict) -> str:
         lines += ["", "Prepared runs (`prepare` in study.yaml), final held-out accuracy per bucket: " + "; ".join(
             f"`{name}` " + ", ".join(f"{b} {acc:.3f}" for b, acc in r.items() if b != "step")
             for name, r in summary["prepared"].items()) + "."]
+    lines += _gate(summary.get("gate"))
     lines += _teacher_gap(summary["teacher_gap"])
     return "\n".join(lines)
+
+
+def _gate(gate: dict | None) -> list[str]:
+    """study.yaml's gate, seed by seed: the warm-starts it stopped are part of the result."""
+    if not gate or not gate["seeds"]:
+        return []
+    show = lambda seeds: ", ".join(f"{s} ({gate['seeds'][s]['over_none']:+.3f})" for s in seeds) or "none"   # noqa: E731
+    passed = [s for s, g in gate["seeds"].items() if g["passed"]]
+    failed = [s for s, g in gate["seeds"].items() if not g["passed"]]
+    return ["", f"Gate (study.yaml), checked on each seed's warm-start before RL: the `{gate['kind']}` retry must beat "
+            f"the plain retry on `{gate['bucket']}` by ≥ {gate['min_over_none']:g}. Passed: seeds {show(passed)}; "
+            f"stopped: seeds {show(failed)}" + (" (their arms did not run)." if failed else ".")]
 
 
 PAIRED = (("final", "final acc."), ("peak", "peak acc."), ("reference_logprob_final", "final reference_logprob"),

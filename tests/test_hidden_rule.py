@@ -176,3 +176,25 @@ trainer: {{steps: 2, eval_every: 2, checkpoint_every: 2}}
     summary = json.loads((study / "results" / "summary.json").read_text())
     assert set(summary["arms"]) == {"grpo", "wrong_rule", "oracle"}
     assert set(summary["arms"]["grpo"]["final"]) == {"base", "stated", "guess", "hidden"}
+
+
+def test_the_summary_reports_every_seeds_gate_and_averages_the_seeds_it_let_through(tmp_path):
+    import json
+
+    from rl.study import summarize
+    from rl.study_tables import results_markdown
+    study = load_study(ROOT / "experiments/hidden-rule", seeds=[0, 1])
+    base = tmp_path / "hidden-rule"
+    base.mkdir()
+    row = {"accuracy": 0.0, "pass@G": 0.0, "all_fail": 1.0, "gap": 0.0, "rescued_all_fail": 0.0}
+    for seed, over in ((0, 0.8), (1, -0.01)):
+        gap = {b: {"plain": dict(row), "none": dict(row), "rule": {**row, "over_none": {"mean": over}}}
+               for b in ("base", "stated", "guess", "hidden")}
+        (base / f"teacher_gap-s{seed}.json").write_text(json.dumps(gap))
+    summary = json.loads(json.dumps(summarize(study, tmp_path)))     # as summary.json reads back
+    assert summary["gate"]["seeds"] == {"0": {"over_none": 0.8, "passed": True},
+                                        "1": {"over_none": -0.01, "passed": False}}
+    assert list(summary["teacher_gap"]) == ["0"]
+    table = results_markdown(summary)
+    assert "Passed: seeds 0 (+0.800); stopped: seeds 1 (-0.010) (their arms did not run)." in table
+    assert "mean over 1 seed(s)" in table
