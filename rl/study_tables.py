@@ -13,7 +13,7 @@ import re
 import statistics
 from pathlib import Path
 
-from rl.stats import fmt, fmt_interval
+from rl.stats import fmt, fmt_interval, paired_difference
 
 BEGIN, END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
 OVERVIEW_BEGIN, OVERVIEW_END = "<!-- studies:begin -->", "<!-- studies:end -->"
@@ -65,6 +65,7 @@ def results_markdown(summary: dict) -> str:
                f"{_pm(t['fraction_of_reference_tokens'], 1, 2)} |" if t else "— | — | — |")
             + f" {_pm(a['rl_seconds'], 1 / max(1, summary['rl_steps']), 2)} |")
     lines += _paired_table(summary)
+    lines += _forgetting(summary)
     if target["accuracy"] is not None and not target["meaningful"]:
         lines += ["", f"No target: `{base}` ends at {target['accuracy']:.3f} on `{tb}`, no better than where "
                   f"warm-start left it ({target['reference_warmstart_end']:.3f}), so reaching its final accuracy means "
@@ -93,6 +94,21 @@ def _gate(gate: dict | None) -> list[str]:
 
 PAIRED = (("final", "final acc."), ("peak", "peak acc."), ("reference_logprob_final", "final reference_logprob"),
           ("reference_logprob_peak", "peak reference_logprob"))
+
+
+def _forgetting(summary: dict) -> list[str]:
+    """Each arm's final accuracy minus where its own warm-start left it, per bucket, paired per seed:
+    what RL cost (or gained) on the buckets it does not train."""
+    buckets, arms = summary["buckets"], summary["arms"]
+    if not arms or not all("curves" in a for a in arms.values()):
+        return []
+    lines = ["", "Forgetting: final accuracy minus the same seed's warm-start accuracy, per bucket, mean [95% "
+             "Student-t interval] (n seeds).", "", "| arm | " + " | ".join(buckets) + " |", "|---|" + "---|" * len(buckets)]
+    for name, a in arms.items():
+        cells = [fmt_interval(paired_difference({s: c[b][-1] for s, c in a["curves"].items()},
+                                                {s: c[b][0] for s, c in a["curves"].items()})) for b in buckets]
+        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _paired_table(summary: dict) -> list[str]:

@@ -126,3 +126,13 @@ def test_overview_has_one_line_per_study_with_its_verdict(tmp_path):
     # A verdict wrapped over lines, as a README's prose has it, is read whole.
     (tmp_path / "README.md").write_text("# x\n\n**Verdict: not reproduced: the teacher is\nno better.** Because.\n")
     assert overview([tmp_path]).splitlines()[2].endswith("| not reproduced: the teacher is no better |")
+
+
+def test_forgetting_is_final_minus_the_same_seeds_warm_start():
+    from rl.study_tables import _forgetting
+    curve = lambda base, hidden: {"step": [0, 50], "generated": [0, 1], "base": base, "hidden": hidden}   # noqa: E731
+    summary = {"buckets": ["base", "hidden"],
+               "arms": {"grpo": {"curves": {"0": curve([1.0, 0.9], [0.0, 0.5]), "1": curve([0.8, 0.8], [0.0, 0.7])}}}}
+    lines = _forgetting(summary)
+    row = next(line for line in lines if line.startswith("| `grpo`"))
+    assert row.startswith("| `grpo` | -0.050 [") and "+0.600 [" in row and row.count("(n=2)") == 2
