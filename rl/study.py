@@ -308,7 +308,7 @@ def run_all(study: Study, output_dir: Path, jobs: int, fresh: bool) -> None:
 # summary field -> metric; with one bucket the metric is unsuffixed, else "<metric>/<bucket>".
 EXTRA = {"reference_logprob": "eval/reference_logprob", "pass@k": "eval/pass@k"}
 # vs_baseline fields: accuracy's final and peak, and reference_logprob's when logged.
-PAIRED = ("final", "peak", "reference_logprob_final", "reference_logprob_peak")
+PAIRED = ("first", "final", "peak", "reference_logprob_final", "reference_logprob_peak")
 
 
 def eval_key(metric: str, bucket: str, buckets: list[str]) -> str:
@@ -330,6 +330,8 @@ def run_summary(run_dir: Path, warm: int, buckets: list[str]) -> dict:
     last = rows[-1]
     out = {"curve": curve,
            "warmstart_end": {b: curve[b][0] for b in buckets},
+           # at the first evaluation of RL: at equal (and small) compute, before a slow arm catches up
+           "first": {b: curve[b][min(1, len(curve[b]) - 1)] for b in buckets},
            "final": {b: curve[b][-1] for b in buckets},
            "peak": {b: max(curve[b][1:] or curve[b]) for b in buckets},
            "tokens": {k: last.get(f"budget/{k}_tokens_total", 0.0) - start[k] for k in start},
@@ -353,7 +355,7 @@ def reach(curve: dict, bucket: str, target: float) -> tuple[float | None, float 
 
 def paired_values(per_seed: dict, field: str, bucket: str) -> dict:
     """seed -> the run's value of a PAIRED field on `bucket` (reference_logprob_* only where logged)."""
-    if field in ("final", "peak"):
+    if field in ("first", "final", "peak"):
         return {s: r[field][bucket] for s, r in per_seed.items()}
     metric, which = field.rsplit("_", 1)
     return {s: r[metric][which][bucket] for s, r in per_seed.items() if metric in r}

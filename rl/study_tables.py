@@ -92,8 +92,8 @@ def _gate(gate: dict | None) -> list[str]:
             f"stopped: seeds {show(failed)}" + (" (their arms did not run)." if failed else ".")]
 
 
-PAIRED = (("final", "final acc."), ("peak", "peak acc."), ("reference_logprob_final", "final reference_logprob"),
-          ("reference_logprob_peak", "peak reference_logprob"))
+PAIRED = (("first", "acc. at 1st RL eval"), ("final", "final acc."), ("peak", "peak acc."),
+          ("reference_logprob_final", "final reference_logprob"), ("reference_logprob_peak", "peak reference_logprob"))
 
 
 def _forgetting(summary: dict) -> list[str]:
