@@ -541,9 +541,6 @@ def main(argv: list[str] | None = None) -> int:
     if summary["arms"]:
         plot(summary, study.folder / "results.png")
     print(table)
-    if (study.folder / "sweep.yaml").is_file():     # a sweep's figure is rebuilt with its own folder
-        from rl.sweep import write as write_sweep
-        print(write_sweep(study.folder))
     return 0
 
 

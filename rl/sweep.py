@@ -1,6 +1,6 @@
 """A sweep's figure: how many generated tokens each arm needs, as a knob of the regime changes.
 
-    python -m rl.sweep experiments/hidden-rule       # reads its sweep.yaml; rl/study.py calls it too
+    python -m rl.sweep experiments/hidden-rule       # reads its sweep.yaml; scripts/reproduce.sh runs it too
 
 A sweep is a list of study folders, one per value of a config key (`knob`, e.g. the hidden rule's
 `task.config.rule_bits`), each already summarized (results/summary.json, rl/study.py). For every
@@ -23,6 +23,7 @@ from pathlib import Path
 import yaml
 from rl.config import ConfigError, load_config
 from rl.stats import mean_interval
+from rl.study import reach
 
 BEGIN, END = "<!-- sweep:begin -->", "<!-- sweep:end -->"
 KEYS = {"knob", "bucket", "target", "folders", "arms"}
@@ -59,14 +60,6 @@ def knob_value(cfg, knob: str):
     return value
 
 
-def first_reach(curve: dict, bucket: str, target: float) -> float | None:
-    """Generated tokens at the first evaluation after warm-start at or above target; None if never."""
-    for i, acc in enumerate(curve[bucket]):
-        if i > 0 and acc >= target - 1e-9:
-            return curve["generated"][i]
-    return None
-
-
 def point(summary: dict, bucket: str, target_arm: str, fraction: float, arms: list[str] | None) -> dict:
     """One folder's arms: tokens to reach fraction x the target arm's mean final accuracy on bucket."""
     reference = summary["arms"][target_arm]["final"][bucket]["mean"]
@@ -77,7 +70,7 @@ def point(summary: dict, bucket: str, target_arm: str, fraction: float, arms: li
             continue
         tokens, censored = {}, []
         for seed, curve in a["curves"].items():
-            hit = first_reach(curve, bucket, target)
+            hit = reach(curve, bucket, target)[1]
             tokens[seed] = curve["generated"][-1] if hit is None else hit
             if hit is None:
                 censored.append(seed)
