@@ -84,12 +84,13 @@ def _gate(gate: dict | None) -> list[str]:
     """study.yaml's gate, seed by seed: the warm-starts it stopped are part of the result."""
     if not gate or not gate["seeds"]:
         return []
-    show = lambda seeds: ", ".join(f"{s} ({gate['seeds'][s]['over_none']:+.3f})" for s in seeds) or "none"   # noqa: E731
+    show = lambda seeds: ("seeds " + ", ".join(f"{s} ({gate['seeds'][s]['over_none']:+.3f})" for s in seeds)  # noqa: E731
+                          if seeds else "none")
     passed = [s for s, g in gate["seeds"].items() if g["passed"]]
     failed = [s for s, g in gate["seeds"].items() if not g["passed"]]
     return ["", f"Gate (study.yaml), checked on each seed's warm-start before RL: the `{gate['kind']}` retry must beat "
-            f"the plain retry on `{gate['bucket']}` by ≥ {gate['min_over_none']:g}. Passed: seeds {show(passed)}; "
-            f"stopped: seeds {show(failed)}" + (" (their arms did not run)." if failed else ".")]
+            f"the plain retry on `{gate['bucket']}` by ≥ {gate['min_over_none']:g}. Passed: {show(passed)}; "
+            f"stopped: {show(failed)}" + (" (their arms did not run)." if failed else ".")]
 
 
 PAIRED = (("first", "acc. at 1st RL eval"), ("final", "final acc."), ("peak", "peak acc."),
