@@ -146,10 +146,14 @@ def plot(result: dict, path: Path) -> None:
         for x, s in zip(xs, stats):
             if s["low"] is not None and not s["censored"]:
                 ax.plot([x, x], [max(s["low"], 1.0), s["high"]], color=color, alpha=0.6)
-            if s["censored"]:      # a lower bound: the budget ran out first
-                ax.annotate("", xy=(x, s["mean"] * 2.2), xytext=(x, s["mean"]),
+            if s["censored"]:      # a lower bound: the budget ran out first on some seed
+                ax.plot([x], [s["mean"]], "^", color=color, markersize=10, markerfacecolor="none")
+                ax.annotate("", xy=(x, s["mean"] * 1.8), xytext=(x, s["mean"]),
                             arrowprops={"arrowstyle": "->", "color": color})
     ax.set_yscale("log")
+    top = max(p["arms"][n]["mean"] for p in points for n in p["arms"] if p["arms"][n]["mean"] is not None)
+    ax.set_ylim(top=top * 2.5)             # room for the arrows
+    ax.set_title("open triangle + arrow: a lower bound (some seed never reached it)", fontsize=8)
     ax.set_xlabel(result["knob"].rsplit(".", 1)[-1])
     ax.set_ylabel(f"generated tokens to {result['fraction']:g} × {result['target_arm']} ({result['bucket']})")
     ax.set_xticks([p["value"] for p in points])
