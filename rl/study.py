@@ -307,7 +307,7 @@ def run_all(study: Study, output_dir: Path, jobs: int, fresh: bool) -> None:
 # Evaluations read besides accuracy when the runs log them (the `reference_logprob` eval suite):
 # summary field -> metric; with one bucket the metric is unsuffixed, else "<metric>/<bucket>".
 EXTRA = {"reference_logprob": "eval/reference_logprob", "pass@k": "eval/pass@k"}
-# vs_baseline fields: accuracy's final and peak, and reference_logprob's when logged.
+# vs_baseline fields: accuracy at the first RL evaluation, final and peak, and reference_logprob's when logged.
 PAIRED = ("first", "final", "peak", "reference_logprob_final", "reference_logprob_peak")
 
 
