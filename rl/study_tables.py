@@ -183,15 +183,16 @@ def _teacher_gap(per_seed: dict) -> list[str]:
     return lines
 
 
-def write_readme(folder: Path, table: str) -> None:
+def write_readme(folder: Path, table: str, begin: str = BEGIN, end: str = END, heading: str = "Results") -> None:
+    """The table between the README's begin/end markers; a new `## heading` section where it has none."""
     readme = folder / "README.md"
     text = readme.read_text() if readme.is_file() else f"# {folder.name}\n"
-    block = f"{BEGIN}\n{table}\n{END}"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
+    block = f"{begin}\n{table}\n{end}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
     else:
-        text = text.rstrip("\n") + f"\n\n## Results\n\n{block}\n"
+        text = text.rstrip("\n") + f"\n\n## {heading}\n\n{block}\n"
     readme.write_text(text)
 
 

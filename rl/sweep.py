@@ -21,9 +21,11 @@ import sys
 from pathlib import Path
 
 import yaml
+
 from rl.config import ConfigError, load_config
 from rl.stats import mean_interval
 from rl.study import reach
+from rl.study_tables import write_readme
 
 BEGIN, END = "<!-- sweep:begin -->", "<!-- sweep:end -->"
 KEYS = {"knob", "bucket", "target", "folders", "arms"}
@@ -168,14 +170,7 @@ def write(folder: Path) -> str:
     (folder / "results").mkdir(exist_ok=True)
     (folder / "results" / "sweep.json").write_text(json.dumps(result, indent=1) + "\n")
     table = markdown(result)
-    readme = folder / "README.md"
-    text = readme.read_text() if readme.is_file() else f"# {folder.name}\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = f"{head}{BEGIN}\n{table}\n{END}{rest.split(END, 1)[1]}"
-    else:
-        text = text.rstrip("\n") + f"\n\n## Sweep\n\n{BEGIN}\n{table}\n{END}\n"
-    readme.write_text(text)
+    write_readme(folder, table, BEGIN, END, heading="Sweep")
     if result["points"]:
         plot(result, folder / "sweep.png")
     return table
