@@ -108,6 +108,8 @@ class TrainerConfig:
     warmup_steps: int = 10
     weight_decay: float = 0.0
     eval_every: int = 50                     # in steps, counting warm-start steps
+    eval_at: list[int] = field(default_factory=list)   # RL steps (1 = RL's first) evaluated besides: a curve
+                                             # fine early, where a fast method's tokens-to-target is read
     checkpoint_every: int = 100
     keep_checkpoints: int = 2
     log_rollouts: int = 8                    # attempts per step written to rollouts.jsonl
@@ -406,6 +408,7 @@ RANGES: tuple[tuple[str, Any, str], ...] = (
     ("warmstart.hint_fraction", lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("warmstart.hint_fraction_by_bucket", lambda v: all(0 <= f <= 1 for f in v.values()), "fractions in [0, 1]"),
     ("warmstart.min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("trainer.eval_at", lambda v: all(isinstance(i, int) and i >= 1 for i in v), "RL steps >= 1"),
     ("launcher.master_port", lambda v: 0 <= v <= 65535, "a port in [0, 65535] (0 = a free one)"),
 )
 

@@ -21,6 +21,15 @@ Three kinds of bucket (`rule`):
     hidden       "12 + 35 ?" -> "47:" + one convention for every problem (drawn from `rule_seed`, so a
                  study's seeds may share it or not): the RL bucket, never demonstrated as a rule
 
+The rule's form (`rule_form`): "suffix", above, a string the student appends; or "operator", an
+operation it must compute on every problem once told: the key, one of 2^b numbers written with the
+operand's digits ("0172" for b = 8 and four-digit operands), is added to the number digit by digit,
+mod 10 ("4821 ?" -> "4993" under "0172"). The issue's own examples (b - a, a + b + 1) need two-digit
+arithmetic this 1M student does not have (5.6%, above); a keyed digit shift is an operator it can
+compute, position by position, once the key is stated, and a found answer says nothing of the next
+problem's, where a suffix, once sampled, is the same string everywhere. The operator form needs the
+`copy` skill over operands of one width (min_operand >= 10^(width-1)), and b <= log2(10^width).
+
 What the verifier and the hint say (`hint`): "rule" states the problem's convention in the verifier's
 feedback ("incorrect: answers here end with :kd") and in the problem's hint ("end the answer with
 :kd", what `teacher.kind: dataset` hands a failed attempt); "wrong" states another convention (the
@@ -72,6 +81,7 @@ class HiddenRuleConfig:
     rule_bits: int = 8               # 2^rule_bits conventions; 1..16
     rule_seed: int = 0               # which convention is the hidden one
     hint: str = "rule"               # what feedback and hint state: "rule" | "wrong" | "none"
+    rule_form: str = "suffix"        # "suffix": ":kd" appended | "operator": a key added digit by digit
     min_operand: int = 0
     max_operand: int = 99
     operators: list[str] = field(default_factory=lambda: ["+"])   # "+", "-", or "copy": "4821" -> "4821"
@@ -89,6 +99,26 @@ class HiddenRuleConfig:
             raise ValueError(f"hidden_rule: operands {self.min_operand}..{self.max_operand} are not a range")
         if not self.operators or set(self.operators) - {"+", "-", "copy"}:
             raise ValueError(f"hidden_rule: operators={self.operators!r}: expected some of '+', '-', 'copy'")
+        if self.rule_form not in ("suffix", "operator"):
+            raise ValueError(f"hidden_rule: rule_form={self.rule_form!r}: expected suffix or operator")
+        if self.rule_form == "operator":
+            width = len(str(self.max_operand))
+            if self.operators != ["copy"] or self.min_operand < 10 ** (width - 1):
+                raise ValueError(f"hidden_rule: rule_form=operator shifts the digits of one number: it needs "
+                                 f"operators=['copy'] and operands of one width (min_operand >= {10 ** (width - 1)})")
+            if 2 ** self.rule_bits > 10 ** width:
+                raise ValueError(f"hidden_rule: rule_bits={self.rule_bits}: {width}-digit keys hold at most "
+                                 f"{math.floor(math.log2(10 ** width))} bits")
+
+
+def digit_key(index: int, width: int) -> str:
+    """The operator form's index-th key: the index written with `width` digits."""
+    return str(index).zfill(width)
+
+
+def shifted(number: str, key: str) -> str:
+    """`number` with `key` added digit by digit, mod 10 (no carry)."""
+    return "".join(str((int(d) + int(k)) % 10) for d, k in zip(number, key, strict=True))
 
 
 class HiddenRuleDataset(ProceduralDataset):
@@ -107,24 +137,34 @@ class HiddenRuleDataset(ProceduralDataset):
             return {"question": expression, "answer": str(value), "metadata": meta}
         index = rng.randrange(2 ** c.rule_bits) if c.rule == "per_problem" else hidden_convention(c.rule_bits, c.rule_seed)
         stated = {"rule": index, "wrong": wrong_convention(index, c.rule_bits), "none": None}[c.hint]
+        if c.rule_form == "operator":
+            width = len(str(c.max_operand))
+            name, answer = digit_key(index, width), shifted(str(value), digit_key(index, width))
+            say = lambda i: f"add {digit_key(i, width)} to the digits, each mod 10"   # noqa: E731
+        else:
+            name, answer = ":" + convention(index, c.rule_bits), f"{value}:{convention(index, c.rule_bits)}"
+            say = lambda i: f"end the answer with :{convention(i, c.rule_bits)}"      # noqa: E731
         if stated is not None:
-            meta["stated"] = ":" + convention(stated, c.rule_bits)
-            meta["hints"] = [f"end the answer with {meta['stated']}"]
+            meta["stated"] = digit_key(stated, width) if c.rule_form == "operator" else ":" + convention(stated, c.rule_bits)
+            meta["hints"] = [say(stated)]
         # The wrong-rule control's hint (teacher.decoy): another convention, stated alike.
-        meta["decoy_hints"] = [f"end the answer with :{convention(wrong_convention(index, c.rule_bits), c.rule_bits)}"]
-        meta.update(convention=":" + convention(index, c.rule_bits), rule_index=index)
+        meta["decoy_hints"] = [say(wrong_convention(index, c.rule_bits))]
+        meta.update(convention=name, rule_index=index, rule_form=c.rule_form)
         expression = f"{expression} {MARK}"
         meta["expression"] = expression
-        return {"question": expression, "answer": f"{value}:{convention(index, c.rule_bits)}", "metadata": meta}
+        return {"question": expression, "answer": answer, "metadata": meta}
 
     def score_answer(self, answer: str | None, entry: dict) -> float:
         return float(isinstance(answer, str) and answer.strip() == entry["answer"])
 
     def feedback(self, answer: str, entry: dict) -> str:
         """The verifier's words on a wrong answer: the stated convention (rule or wrong), never the number."""
-        stated = entry["metadata"].get("stated")
+        meta = entry["metadata"]
+        stated = meta.get("stated")
         if not stated:
             return "incorrect"
+        if meta.get("rule_form") == "operator":
+            return f"incorrect: here the key {stated} is added to the digits, each mod 10"
         if answer.strip().endswith(stated):
             return f"incorrect: the convention {stated} is right, the number is not"
         return f"incorrect: answers here end with {stated}"

@@ -217,7 +217,7 @@ class Trainer:
 
     def _eval_due(self, s: int) -> bool:
         return (s % self.cfg.trainer.eval_every == 0 or s == self.cfg.warmstart.steps
-                or s == self.total_steps)
+                or s == self.total_steps or s - self.cfg.warmstart.steps in self.cfg.trainer.eval_at)
 
     def evaluate(self) -> dict[str, float]:
         """The suites of `eval.suites` (rl/evals/): each rank answers its share of every eval set;

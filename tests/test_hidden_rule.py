@@ -10,7 +10,7 @@ import reasoning_gym
 from conftest import ROOT
 from rl.config import ConfigError, TaskConfig, load_config
 from rl.engine import lr_at
-from rl.hidden_rule import convention, hidden_convention, wrong_convention
+from rl.hidden_rule import convention, digit_key, hidden_convention, shifted, wrong_convention
 from rl.study import GateError, check_gate, load_study
 from rl.tasks import TaskSource
 from rl.warmstart import demonstrations
@@ -68,6 +68,54 @@ def test_verdicts_and_hints_state_the_convention_never_the_number():
     request = request_for(p, number, tasks.verify(p, number))
     assert build_teacher(TeacherConfig(kind="dataset")).write_hints([request])[0].text == hint
     assert build_teacher(TeacherConfig(kind="dataset", decoy=True)).write_hints([request])[0].text == decoy
+
+
+OPERATOR = {"rule_form": "operator", "operators": ["copy"], "min_operand": 1000, "max_operand": 9999}
+
+
+def test_the_operator_form_adds_one_key_digit_by_digit_and_states_it_never_the_answer():
+    assert shifted("4821", "0172") == "4993" and shifted("9999", "1234") == "0123"   # mod 10, no carry
+    tasks = source(bits=8, **OPERATOR)
+    key = digit_key(hidden_convention(8, 0), 4)
+    hidden = tasks.next_batch(200, {"hidden": 1})
+    for p in hidden:
+        number = p.prompt.split()[0].split(">")[-1]
+        assert p.entry["metadata"]["expression"] == f"{number} ?"
+        assert p.answer == shifted(number, key) and tasks.verify(p, p.answer).reward == 1.0
+        assert tasks.verify(p, number).reward == 0.0 or key == "0000"
+    p = hidden[0]
+    hint, = p.entry["metadata"]["hints"]
+    decoy, = p.entry["metadata"]["decoy_hints"]
+    assert key in hint and key not in decoy and p.answer not in hint + decoy
+    assert key in tasks.verify(p, "0000").feedback and p.answer not in tasks.verify(p, "0000").feedback
+    assert LeakGuard().filter(hint, p.answer, p.prompt) == hint
+    # The stated bucket draws its keys among the 2^8: a different operator for most problems.
+    keys = {p.entry["metadata"]["convention"] for p in tasks.next_batch(400, {"stated": 1})}
+    assert len(keys) > 150 and all(int(k) < 2 ** 8 for k in keys)
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"operators": ["+"]}, "operators=\\['copy'\\]"),
+    ({"min_operand": 0}, "min_operand >= 1000"),
+    ({"rule_bits": 14}, "at most 13 bits"),
+    ({"rule_form": "prefix"}, "rule_form='prefix'"),
+])
+def test_bad_operator_settings_are_named(config, message):
+    with pytest.raises((ValueError, ConfigError), match=message):
+        source(bits=config.pop("rule_bits", 8), **{**OPERATOR, **config})
+
+
+def test_eval_at_adds_early_evaluations_to_the_curve(tmp_path):
+    import json
+
+    from conftest import TINY, run_cli
+    ran = run_cli([str(ROOT / "experiments/default"), *TINY, f"output_dir={tmp_path}", "run_name=r", "warmstart.steps=2",
+                   "trainer.steps=4", "trainer.eval_every=100", "trainer.eval_at=[1,3]", "task.eval_size=4"])
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "default" / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 2, 3, 5, 6]   # start, warm-start end, RL 1 and 3, last
+    with pytest.raises(ConfigError, match="trainer.eval_at"):
+        load_config(ROOT / "experiments/default", ["trainer.eval_at=[0]"])
 
 
 def test_held_out_problems_differ_per_bucket_and_never_reach_training():
