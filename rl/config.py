@@ -336,9 +336,10 @@ def validate(cfg: RunConfig) -> None:
     _validate_files(cfg)
     _choice(cfg.task.environment, ENVIRONMENTS, "task.environment")
     needs = ENVIRONMENTS[cfg.task.environment].reads_task
-    if needs is not None and (cfg.task.name, cfg.task.render) != needs:
-        raise ConfigError(f"task.environment={cfg.task.environment} reads task.name={needs[0]} with "
-                          f"task.render={needs[1]} (not {cfg.task.name}, {cfg.task.render})")
+    if needs is not None and (cfg.task.name, cfg.task.render) not in needs:
+        reads = " or ".join(f"task.name={name} with task.render={render}" for name, render in needs)
+        raise ConfigError(f"task.environment={cfg.task.environment} reads {reads} "
+                          f"(not {cfg.task.name}, {cfg.task.render})")
     _choice(cfg.method.name, METHODS, "method.name")
     for key, valid in type(cfg.method).CHOICES.items():
         _choice(getattr(cfg.method, key), set(valid), f"method.{key}")

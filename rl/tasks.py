@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import reasoning_gym
 
 import rl.hidden_rule  # noqa: F401  (registers task.name: hidden_rule with reasoning-gym)
+import rl.hidden_tool_rule  # noqa: F401  (registers task.name: hidden_tool_rule)
 from rl.config import EvalConfig, TaskConfig
 from rl.contamination import prompt_hash
 

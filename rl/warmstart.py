@@ -51,6 +51,11 @@ def demonstrations(problems: list[Problem], teacher: Teacher, guard: LeakGuard, 
         said = [k for k, m in enumerate(episodes[i]) if m["role"] == "assistant"]
         # rng.choice draws even from one option: a one-message task keeps the random stream it always had
         targets[i] = said[0] if len(said) == 1 else rng.choice(said)
+        # A task that knows which message its hint is about (rl/hidden_tool_rule.py: the first call,
+        # the one a hidden key breaks; later calls may copy the key from it) puts it there.
+        before = problems[i].entry.get("metadata", {}).get("hint_before")
+        if before is not None:
+            targets[i] = said[before]
     requests = []
     for i in chosen:
         messages, k = episodes[i], targets[i]

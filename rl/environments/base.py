@@ -20,7 +20,7 @@ class Response:
 
 class Environment(Protocol):
     max_reply_tokens: int              # longest rendered reply between two assistant messages
-    reads_task: tuple[str, str] | None  # the (task.name, task.render) it reads, None = any task
+    reads_task: tuple[tuple[str, str], ...] | None  # the (task.name, task.render) pairs it reads, None = any task
 
     def start(self, problem: Problem) -> list[dict]: ...
 

@@ -16,6 +16,11 @@ and the canonical message is `expected`, so a rule teacher can target the messag
 are not checked). A call that cannot run (unknown tool, arguments that are not a JSON object with
 integer `a`, `b` and `op` in + - *) is answered with a tool error and the episode goes on; it is
 counted as malformed.
+
+Problems of `task.name: hidden_tool_rule` (rl/hidden_tool_rule.py) may carry a tool key: every call
+then takes `"key":"<key>"` as well, and the tool refuses a call with another key or none
+("error: refused", which says nothing of the right one); the canonical calls carry it, and the
+reward asks for it: a right value with a call that lacked the key, or without any call, scores 0.
 """
 from __future__ import annotations
 
@@ -33,30 +38,37 @@ TERM = re.compile(r"\s*([+\-*])?\s*(-?\d+)")
 
 
 def terms(expression: str) -> tuple[int, list[tuple[str, int]]]:
-    """(first term, [(operator, term), ...]) of a chain like `15 - 43 + 7`."""
-    parts = [(op, int(n)) for op, n in TERM.findall(expression.strip().rstrip("="))]
+    """(first term, [(operator, term), ...]) of a chain like `15 - 43 + 7` (a hidden tool rule's
+    trailing " ?" aside)."""
+    parts = [(op, int(n)) for op, n in TERM.findall(expression.strip().rstrip("=").removesuffix("?"))]
     if not parts or parts[0][0] or any(not op for op, _ in parts[1:]):
         raise ValueError(f"calculator: {expression!r} is not a chain of integers and + - * operators")
     return parts[0][1], parts[1:]
 
 
-def call_text(a: int, op: str, b: int) -> str:
+def call_text(a: int, op: str, b: int, key: str | None = None) -> str:
     """The canonical tool-call message: compact JSON, the form the demonstrations use."""
-    return TOOL + json.dumps({"a": a, "op": op, "b": b}, separators=(",", ":"))
+    args = {"a": a, "op": op, "b": b} if key is None else {"a": a, "op": op, "b": b, "key": key}
+    return TOOL + json.dumps(args, separators=(",", ":"))
 
 
-def canonical(expression: str) -> list[str]:
+def tool_key(problem: Problem) -> str | None:
+    """The key the problem's tool takes (rl/hidden_tool_rule.py), or None."""
+    return problem.entry.get("metadata", {}).get("tool_key")
+
+
+def canonical(expression: str, key: str | None = None) -> list[str]:
     """The assistant messages of the canonical derivation: one call per operator, then the value."""
     value, rest = terms(expression)
     steps = []
     for op, b in rest:
-        steps.append(call_text(value, op, b))
+        steps.append(call_text(value, op, b, key))
         value = OPS[op](value, b)
     return steps + [str(value)]
 
 
-def parse_call(message: dict) -> tuple[int, str, int] | str:
-    """(a, op, b) of an assistant tool call, or the error the tool answers with."""
+def parse_call(message: dict) -> tuple[int, str, int, str | None] | str:
+    """(a, op, b, key or None) of an assistant tool call, or the error the tool answers with."""
     call = message["tool_calls"][0]["function"]
     if call["name"] != TOOL:
         return f"error: unknown tool; the tool is {TOOL}"
@@ -64,17 +76,18 @@ def parse_call(message: dict) -> tuple[int, str, int] | str:
         args = json.loads(call["arguments"])
     except ValueError:
         return "error: arguments are not JSON"
-    if not isinstance(args, dict) or set(args) != {"a", "op", "b"} or args["op"] not in OPS \
-            or not all(isinstance(args[k], int) and not isinstance(args[k], bool) for k in ("a", "b")):
+    if not isinstance(args, dict) or set(args) - {"key"} != {"a", "op", "b"} or args["op"] not in OPS \
+            or not all(isinstance(args[k], int) and not isinstance(args[k], bool) for k in ("a", "b")) \
+            or not isinstance(args.get("key", ""), str):
         return 'error: need {"a": int, "op": "+"|"-"|"*", "b": int}'
     if max(abs(args["a"]), abs(args["b"])) >= LIMIT:
         return f"error: numbers must be below {LIMIT:.0e}"
-    return args["a"], args["op"], args["b"]
+    return args["a"], args["op"], args["b"], args.get("key")
 
 
 class CalculatorEnvironment:
     max_reply_tokens = 56          # the longest tool message (an error, or a 19-digit product) and <assistant>
-    reads_task = ("chain_sum", "expression")
+    reads_task = (("chain_sum", "expression"), ("hidden_tool_rule", "expression"))
 
     def __init__(self, tasks: TaskSource):
         self.tasks = tasks
@@ -90,15 +103,17 @@ class CalculatorEnvironment:
         call_id = last["tool_calls"][0]["id"]
         if isinstance(parsed, str):
             return Response([{"role": "tool", "tool_call_id": call_id, "content": parsed}], malformed=True)
-        a, op, b = parsed
+        a, op, b, key = parsed
+        if tool_key(problem) is not None and key != tool_key(problem):
+            return Response([{"role": "tool", "tool_call_id": call_id, "content": "error: refused"}])
         return Response([{"role": "tool", "tool_call_id": call_id, "content": str(OPS[op](a, b))}])
 
     def verify(self, problem: Problem, messages: list[dict]) -> Verdict:
-        steps = canonical(problem.prompt)
+        steps = canonical(problem.prompt, tool_key(problem))
         said = assistant_messages(messages)
         last = messages[said[-1]] if said else None
         final = None if last is None or last.get("tool_calls") else assistant_text(last).strip()
-        reward = float(final is not None and final == steps[-1])
+        reward = float(final is not None and final == steps[-1] and self._keys_kept(problem, messages, said))
         first_wrong, expected = None, ""
         if not reward:
             for k, index in enumerate(said):
@@ -110,11 +125,26 @@ class CalculatorEnvironment:
             feedback = "correct"
         elif final is None:
             feedback = "incorrect: the episode ended without a final answer"
+        elif final == steps[-1]:       # a tool key's rule broken on the way to the right value
+            feedback = "incorrect: the value is right, but not every call was made with the tool's key"
         else:
             feedback = f"incorrect: the final answer {final!r} is wrong"
         if first_wrong is not None and not reward:
             feedback += f"; the first wrong step is message [{first_wrong + 1}]"
+        stated = problem.entry.get("metadata", {}).get("stated")
+        if stated and not reward:       # the hidden tool rule's words, where its `hint` allows them
+            feedback += f"; calls here take the key {stated}"
         return Verdict(reward, feedback, first_wrong, expected)
+
+    @staticmethod
+    def _keys_kept(problem: Problem, messages: list[dict], said: list[int]) -> bool:
+        """Under a tool key the rule is part of the answer: at least one call, every call with the key
+        (else a student could answer a one-digit sum without the tool and never meet the rule)."""
+        key = tool_key(problem)
+        if key is None:
+            return True
+        calls = [parse_call(messages[i]) for i in said if messages[i].get("tool_calls")]
+        return bool(calls) and all(not isinstance(c, str) and c[3] == key for c in calls)
 
     @staticmethod
     def _same(message: dict, want: str) -> bool:
@@ -131,7 +161,7 @@ class CalculatorEnvironment:
             call_id = f"call_{k}"
             messages.append({"role": "assistant", "content": "", "tool_calls": [
                 {"id": call_id, "type": "function",
-                 "function": {"name": TOOL, "arguments": call_text(value, op, b)[len(TOOL):]}}]})
+                 "function": {"name": TOOL, "arguments": call_text(value, op, b, tool_key(problem))[len(TOOL):]}}]})
             value = OPS[op](value, b)
             messages.append({"role": "tool", "tool_call_id": call_id, "content": str(value)})
         return messages + [{"role": "assistant", "content": str(value)}]

@@ -33,7 +33,7 @@ def partial_values(expression: str) -> list[str]:
 
 class ChainEnvironment:
     max_reply_tokens = len(NEXT) + 1          # "next" and the next <assistant>
-    reads_task = ("chain_sum", "expression")
+    reads_task = (("chain_sum", "expression"),)
 
     def __init__(self, tasks: TaskSource):
         self.tasks = tasks
