@@ -75,6 +75,16 @@ def wrong_convention(index: int, bits: int) -> int:
     return (index + 2 ** (bits - 1)) % 2 ** bits
 
 
+def check_rule(task: str, rule: str, hint: str, bits: int) -> None:
+    """The settings every hidden-rule task shares (this one and rl/hidden_tool_rule.py), named when bad."""
+    if rule not in ("hidden", "per_problem", "none"):
+        raise ValueError(f"{task}: rule={rule!r}: expected hidden, per_problem or none")
+    if hint not in ("rule", "wrong", "none"):
+        raise ValueError(f"{task}: hint={hint!r}: expected rule, wrong or none")
+    if not 1 <= bits <= 16:
+        raise ValueError(f"{task}: rule_bits={bits} must be in 1..16")
+
+
 @dataclass
 class HiddenRuleConfig:
     rule: str = "hidden"             # "hidden" | "per_problem" | "none" (see the module docstring)
@@ -89,12 +99,7 @@ class HiddenRuleConfig:
     size: int = 100_000
 
     def validate(self) -> None:
-        if self.rule not in ("hidden", "per_problem", "none"):
-            raise ValueError(f"hidden_rule: rule={self.rule!r}: expected hidden, per_problem or none")
-        if self.hint not in ("rule", "wrong", "none"):
-            raise ValueError(f"hidden_rule: hint={self.hint!r}: expected rule, wrong or none")
-        if not 1 <= self.rule_bits <= 16:
-            raise ValueError(f"hidden_rule: rule_bits={self.rule_bits} must be in 1..16")
+        check_rule("hidden_rule", self.rule, self.hint, self.rule_bits)
         if not 0 <= self.min_operand <= self.max_operand:
             raise ValueError(f"hidden_rule: operands {self.min_operand}..{self.max_operand} are not a range")
         if not self.operators or set(self.operators) - {"+", "-", "copy"}:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import reasoning_gym
 from reasoning_gym.dataset import ProceduralDataset
 
-from rl.hidden_rule import MARK, convention, hidden_convention, wrong_convention
+from rl.hidden_rule import MARK, check_rule, convention, hidden_convention, wrong_convention
 
 
 def key_hint(key: str) -> str:
@@ -47,12 +47,7 @@ class HiddenToolRuleConfig:
     size: int = 100_000
 
     def validate(self) -> None:
-        if self.rule not in ("hidden", "per_problem", "none"):
-            raise ValueError(f"hidden_tool_rule: rule={self.rule!r}: expected hidden, per_problem or none")
-        if self.hint not in ("rule", "wrong", "none"):
-            raise ValueError(f"hidden_tool_rule: hint={self.hint!r}: expected rule, wrong or none")
-        if not 1 <= self.rule_bits <= 16:
-            raise ValueError(f"hidden_tool_rule: rule_bits={self.rule_bits} must be in 1..16")
+        check_rule("hidden_tool_rule", self.rule, self.hint, self.rule_bits)
 
 
 class HiddenToolRuleDataset(ProceduralDataset):
