@@ -11,7 +11,9 @@ The folder holds `config.yaml` (the experiment) and `study.yaml` (the arms):
     prepare: [teacher]                    # optional: experiment folders (relative) trained first, once,
                                           # e.g. a teacher model the arms load
     gate: {bucket: hidden, kind: rule, min_over_none: 0.3}   # optional: a seed's arms run only when its
-                                          # warm-start's hinted retry beats the plain one by this (teacher gap)
+                                          # warm-start's hinted retry beats the plain one by this (teacher gap;
+                                          # `problems: N` measures it on the first N held-out problems of
+                                          # each bucket instead of all: multi-message episodes are slow)
     arms:                                 # name -> overrides applied to the RL phase; "{output_dir}" in
                                           # an override is the study's output folder
       grpo: [method.name=grpo]
@@ -90,7 +92,7 @@ class Study:
     target_bucket: str
     target_arm: str
     prepare: list[Path]
-    gate: dict | None = None       # {bucket, kind, min_over_none}: a seed's arms run only past it
+    gate: dict | None = None       # {bucket, kind, min_over_none[, problems]}: a seed's arms run only past it
 
 
 def load_study(folder: str | Path, seeds: list[int] | None = None, only: list[str] | None = None) -> Study:
@@ -138,13 +140,18 @@ def _gate(path: Path, gate, buckets: list[str]) -> dict | None:
         return None
     from rl.teacher_gap import KINDS as GAP_KINDS
 
-    if not isinstance(gate, dict) or set(gate) != {"bucket", "kind", "min_over_none"}:
-        raise ConfigError(f"{path}: gate is {{bucket, kind, min_over_none}}, got {gate!r}")
+    if not isinstance(gate, dict) or not {"bucket", "kind", "min_over_none"} <= set(gate) \
+            or set(gate) - {"bucket", "kind", "min_over_none", "problems"}:
+        raise ConfigError(f"{path}: gate is {{bucket, kind, min_over_none[, problems]}}, got {gate!r}")
+    problems = gate.get("problems")
+    if problems is not None and (not isinstance(problems, int) or isinstance(problems, bool) or problems < 1):
+        raise ConfigError(f"{path}: gate.problems={problems!r} must be a positive number of held-out problems")
     if gate["bucket"] not in buckets:
         raise ConfigError(f"{path}: gate.bucket {gate['bucket']!r} is not a bucket ({buckets})")
     if gate["kind"] not in GAP_KINDS or gate["kind"] == "none":
         raise ConfigError(f"{path}: gate.kind {gate['kind']!r}: one of {[k for k in GAP_KINDS if k != 'none']}")
-    return {"bucket": str(gate["bucket"]), "kind": str(gate["kind"]), "min_over_none": float(gate["min_over_none"])}
+    return {"bucket": str(gate["bucket"]), "kind": str(gate["kind"]), "min_over_none": float(gate["min_over_none"]),
+            **({"problems": problems} if problems is not None else {})}
 
 
 def gate_margin(gate: dict, gap: dict) -> float | None:
@@ -232,7 +239,8 @@ def run_all(study: Study, output_dir: Path, jobs: int, fresh: bool) -> None:
         gap = run / "teacher_gap.json"
         if fresh or not gap.is_file():
             with (log_dir / f"warmstart-s{seed}-gap.log").open("w") as log:
-                code = subprocess.call([sys.executable, "-m", "rl.teacher_gap", str(run), "--seed", str(seed),
+                subset = [f"task.eval_size={study.gate['problems']}"] if study.gate and "problems" in study.gate else []
+                code = subprocess.call([sys.executable, "-m", "rl.teacher_gap", str(run), *subset, "--seed", str(seed),
                                         "--attempts", str(cfg.rollout.attempts_per_prompt), "--out", str(gap)],
                                        stdout=log, stderr=subprocess.STDOUT)
             if code:

@@ -180,6 +180,20 @@ def test_the_study_gate_passes_or_names_what_fell_short():
         check_gate(study.gate, gap, "seed 0")
 
 
+def test_the_gate_may_measure_on_a_subset_of_the_held_out_problems(tmp_path):
+    import shutil
+    folder = tmp_path / "hr"
+    shutil.copytree(ROOT / "experiments/hidden-rule", folder, ignore=shutil.ignore_patterns("results*", "*.png"))
+    text = (folder / "study.yaml").read_text()
+    gate = "gate: {bucket: hidden, kind: rule, min_over_none: 0.3}"
+    (folder / "study.yaml").write_text(text.replace(gate, gate[:-1] + ", problems: 50}"))
+    assert load_study(folder).gate["problems"] == 50
+    for bad in ("problems: 0}", "problems: 2.5}", "samples: 5}"):
+        (folder / "study.yaml").write_text(text.replace(gate, gate[:-1] + ", " + bad))
+        with pytest.raises(ConfigError, match="gate"):
+            load_study(folder)
+
+
 def test_the_generator_is_a_registered_reasoning_gym_task():
     data = reasoning_gym.create_dataset("hidden_rule", seed=5, size=3, rule="hidden", rule_bits=8)
     assert data[0] == reasoning_gym.create_dataset("hidden_rule", seed=5, size=3, rule="hidden", rule_bits=8)[0]
