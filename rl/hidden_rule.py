@@ -144,17 +144,19 @@ class HiddenRuleDataset(ProceduralDataset):
         stated = {"rule": index, "wrong": wrong_convention(index, c.rule_bits), "none": None}[c.hint]
         if c.rule_form == "operator":
             width = len(str(c.max_operand))
-            name, answer = digit_key(index, width), shifted(str(value), digit_key(index, width))
-            say = lambda i: f"add {digit_key(i, width)} to the digits, each mod 10"   # noqa: E731
+            name_of = lambda i: digit_key(i, width)                                   # noqa: E731
+            say = lambda i: f"add {name_of(i)} to the digits, each mod 10"            # noqa: E731
+            answer = shifted(str(value), name_of(index))
         else:
-            name, answer = ":" + convention(index, c.rule_bits), f"{value}:{convention(index, c.rule_bits)}"
-            say = lambda i: f"end the answer with :{convention(i, c.rule_bits)}"      # noqa: E731
+            name_of = lambda i: ":" + convention(i, c.rule_bits)                      # noqa: E731
+            say = lambda i: f"end the answer with {name_of(i)}"                       # noqa: E731
+            answer = f"{value}{name_of(index)}"
         if stated is not None:
-            meta["stated"] = digit_key(stated, width) if c.rule_form == "operator" else ":" + convention(stated, c.rule_bits)
+            meta["stated"] = name_of(stated)
             meta["hints"] = [say(stated)]
         # The wrong-rule control's hint (teacher.decoy): another convention, stated alike.
         meta["decoy_hints"] = [say(wrong_convention(index, c.rule_bits))]
-        meta.update(convention=name, rule_index=index, rule_form=c.rule_form)
+        meta.update(convention=name_of(index), rule_index=index, rule_form=c.rule_form)
         expression = f"{expression} {MARK}"
         meta["expression"] = expression
         return {"question": expression, "answer": answer, "metadata": meta}
