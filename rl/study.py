@@ -19,6 +19,8 @@ The folder holds `config.yaml` (the experiment) and `study.yaml` (the arms):
       grpo: [method.name=grpo]
       guide: [method.name=corrected_replay]
       grpo_lr3e-4: {overrides: [method.name=grpo, trainer.lr=3.0e-4], seeds: [0]}   # e.g. an lr sweep
+      grpo_mixed: [method.name=grpo, "task.mix={hard: 1, easy: 1}"]   # the one task key an arm may set:
+                                          # RL's bucket draw (the warm-start is shared)
       oracle: {kind: oracle}              # an arm kind (KINDS): supervised on the RL problems' reference
                                           # answers (rl/methods/oracle.py), + the arm's own overrides
 
@@ -71,6 +73,9 @@ from rl.study_tables import BEGIN, END, OVERVIEW_BEGIN, OVERVIEW_END, overview, 
 WARM = "_warmstart"       # runs/study/_warmstart/<config hash>-s<seed>: shared by every folder that warm-starts alike
 RUN_KEY = "study_key.json"  # in an arm's run folder: what made it (warm-start, RL steps, threads, overrides)
 SHARED = ("seed", "task.", "student.", "warmstart.", "output_dir", "run_name", "resume")   # not per arm
+# ...except the RL phase's bucket draw: an arm resumes the shared warm-start, so its own `task.mix`
+# changes only which problems RL sees (e.g. base problems mixed in against forgetting).
+PER_ARM_TASK = ("task.mix",)
 # Arm kinds (`name: {kind: K}` in study.yaml): the overrides a kind stands for, before the arm's own.
 KINDS = {"oracle": ["method.name=oracle"]}     # supervised on the references (rl/methods/oracle.py)
 ARM_KEYS = {"overrides", "seeds", "kind"}
@@ -185,10 +190,11 @@ def _arm(path: Path, name: str, arm, all_seeds: list[int]) -> Arm:
         raise ConfigError(f"{path}: arm {name!r}: kind {kind!r} is unknown; choose one of {sorted(KINDS)}")
     if kind and any(o.startswith("method.name=") for o in own):
         raise ConfigError(f"{path}: arm {name!r}: a {kind} arm's method is its kind's; drop method.name")
-    bad = [o for o in own if "=" not in o or o.split("=", 1)[0].startswith(SHARED)]
+    bad = [o for o in own if "=" not in o
+           or (o.split("=", 1)[0].startswith(SHARED) and o.split("=", 1)[0].strip() not in PER_ARM_TASK)]
     if bad:
         raise ConfigError(f"{path}: arm {name!r}: overrides {bad} are not key=value or change what the arms "
-                          "share (seed, task, student, warm-start, run folder)")
+                          "share (seed, task but task.mix, student, warm-start, run folder)")
     seeds = [s for s in (arm.get("seeds") or all_seeds) if s in all_seeds]
     return Arm(name, [*KINDS.get(kind, []), *own], seeds, kind)
 

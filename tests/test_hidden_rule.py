@@ -105,19 +105,6 @@ def test_bad_operator_settings_are_named(config, message):
         source(bits=config.pop("rule_bits", 8), **{**OPERATOR, **config})
 
 
-def test_eval_at_adds_early_evaluations_to_the_curve(tmp_path):
-    import json
-
-    from conftest import TINY, run_cli
-    ran = run_cli([str(ROOT / "experiments/default"), *TINY, f"output_dir={tmp_path}", "run_name=r", "warmstart.steps=2",
-                   "trainer.steps=4", "trainer.eval_every=100", "trainer.eval_at=[1,3]", "task.eval_size=4"])
-    assert ran.returncode == 0, ran.stderr[-2000:]
-    rows = [json.loads(line) for line in (tmp_path / "default" / "r" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 2, 3, 5, 6]   # start, warm-start end, RL 1 and 3, last
-    with pytest.raises(ConfigError, match="trainer.eval_at"):
-        load_config(ROOT / "experiments/default", ["trainer.eval_at=[0]"])
-
-
 def test_held_out_problems_differ_per_bucket_and_never_reach_training():
     tasks = source(eval_size=100)
     heldout = {b: [p.prompt for p in ps] for b, ps in tasks.eval_by_bucket.items()}

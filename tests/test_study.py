@@ -42,6 +42,8 @@ def test_every_study_folder_loads(name):
 @pytest.mark.parametrize("study, message", [
     ("arms: {a: [seed=3]}", "change what the arms share"),
     ("arms: {a: [warmstart.steps=3]}", "change what the arms share"),
+    ("arms: {a: [task.eval_size=3]}", "change what the arms share"),
+    ("arms: {a: ['task.mix={nope: 1}']}", "task.mix names ['nope'], not buckets"),
     ("arms: {a: [method.name=nope]}", "method.name='nope'"),
     ("arms: {a: []}\ntarget: {arm: b}", "target.arm 'b' is not an arm"),
     ("arms: {a: []}\ntarget: {bucket: middle}", "target.bucket 'middle' is not a bucket"),
@@ -51,6 +53,11 @@ def test_every_study_folder_loads(name):
 def test_bad_study_yaml_is_named(tmp_path, study, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         load_study(folder(tmp_path, study))
+
+
+def test_an_arm_may_change_the_rl_mix_only(tmp_path):
+    study = load_study(folder(tmp_path, 'arms: {a: [method.name=grpo, "task.mix={easy: 1, hard: 1}"]}'))
+    assert study.arms[0].overrides == ["method.name=grpo", "task.mix={easy: 1, hard: 1}"]
 
 
 def test_reach_and_spread():

@@ -6,7 +6,8 @@ import pytest
 import torch
 import yaml
 
-from conftest import TINY, run_cli
+from conftest import ROOT, TINY, run_cli
+from rl.config import ConfigError, load_config
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -199,3 +200,13 @@ def test_resume_mid_rl_with_multi_message_episodes_is_bit_identical(tmp_path):
     assert rl_steps and max(m["episode/turns_mean"] for m in rl_steps) > 1.0, "no multi-message episode happened"
     assert (tmp_path / "a/targeted-multistep/r/rollouts.jsonl").read_text() == \
         (tmp_path / "b/targeted-multistep/r/rollouts.jsonl").read_text()
+
+
+def test_eval_at_adds_early_evaluations_to_the_curve(tmp_path):
+    ran = run_cli([str(ROOT / "experiments/default"), *TINY, f"output_dir={tmp_path}", "run_name=r", "warmstart.steps=2",
+                   "trainer.steps=4", "trainer.eval_every=100", "trainer.eval_at=[1,3]", "task.eval_size=4"])
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "default" / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 2, 3, 5, 6]   # start, warm-start end, RL 1 and 3, last
+    with pytest.raises(ConfigError, match="trainer.eval_at"):
+        load_config(ROOT / "experiments/default", ["trainer.eval_at=[0]"])

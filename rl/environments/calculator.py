@@ -28,6 +28,7 @@ import json
 import re
 
 from rl.environments.base import Response, assistant_messages, register_environment
+from rl.hidden_tool_rule import key_hint
 from rl.tasks import Problem, TaskSource, Verdict
 from student.tokenizer import assistant_text
 
@@ -133,7 +134,7 @@ class CalculatorEnvironment:
             feedback += f"; the first wrong step is message [{first_wrong + 1}]"
         stated = problem.entry.get("metadata", {}).get("stated")
         if stated and not reward:       # the hidden tool rule's words, where its `hint` allows them
-            feedback += f"; calls here take the key {stated}"
+            feedback += f"; {key_hint(stated)}"
         return Verdict(reward, feedback, first_wrong, expected)
 
     @staticmethod
