@@ -59,7 +59,8 @@ def _timed(fn, repeats: int) -> float:
 def bench_size(name: str, prompts_n: int, new_tokens: int, repeats: int, contenders, device: str,
                log_dir: Path) -> dict:
     from student import ByteTokenizer, StudentConfig, build_student, count_parameters
-    from student.policy import Sampling, build_policy
+    from student.build import build_policy
+    from student.policy import Sampling
 
     tok = ByteTokenizer()
     torch.manual_seed(0)

@@ -172,7 +172,7 @@ def load_policy(path: str | Path, experiment: str | Path | None = None, override
     folder; `experiment` is read only for an export folder that has no config of its own. `device`:
     default CUDA when there is one, else the CPU."""
     from student.model import build_student
-    from student.policy import build_policy
+    from student.build import build_policy
 
     path = Path(path)
     if not path.is_dir():

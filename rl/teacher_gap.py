@@ -125,7 +125,7 @@ def teacher_gap(run_dir: str | Path, step: int | None = None, attempts: int = 8,
 
     from rl.config import load_config
     from rl.export import export
-    from student.policy import build_policy
+    from student.build import build_policy
     from teacher import build_teacher
 
     cfg = load_config(run_dir, list(overrides))

@@ -51,7 +51,8 @@ from rl.tasks import TaskSource
 from rl.teacher_weights import TeacherWeights
 from rl.warmstart import demonstrations, right_pad
 from student import ByteTokenizer, build_student, count_parameters
-from student.policy import Sampling, build_policy, left_pad
+from student.build import build_policy
+from student.policy import Sampling, left_pad
 from teacher import LeakGuard, build_teacher
 
 

@@ -5,7 +5,7 @@
 
 Two implementations sit behind it: `LeanPolicy` (student/lean_policy.py: the lean forward of
 student/lean.py, qwen3_moe and mixtral) and `HFPolicy` (student/hf_policy.py: transformers' own
-forward, every registered family). `build_policy` picks one. Both work wherever the module's
+forward, every registered family). `student.build.build_policy` picks one. Both work wherever the module's
 parameters live (CPU here, CUDA on a GPU machine): every tensor they make is made on
 `policy.device`.
 
@@ -321,24 +321,3 @@ class Distribution:
         if need == "full":
             out["logp_NCV"] = logp_MV
         return out
-
-
-def build_policy(model: torch.nn.Module, *, pad_id: int, banned_ids: tuple[int, ...] = (), lean: bool = True,
-                 forward=None, runner=None, warn=None) -> Policy:
-    """The lean policy where `lean` and the family allow it, else transformers' forward.
-
-    pad_id: the id prompts are left-padded with. banned_ids: never sampled, never scored.
-    forward: a callable that runs the module's forward (e.g. a DeepSpeed engine; default: the
-    module). runner(fn): runs a whole lean computation as the training forward (e.g. inside the
-    engine's forward). warn(text) is told why the lean forward was not used."""
-    from student.hf_policy import HFPolicy
-    from student.lean import unsupported
-    from student.lean_policy import LeanPolicy
-
-    if lean:
-        reason = unsupported(model)
-        if reason is None:
-            return LeanPolicy(model, pad_id=pad_id, banned_ids=banned_ids, runner=runner)
-        if warn is not None:
-            warn(f"student.lean_forward: {reason}; using the transformers forward")
-    return HFPolicy(model, pad_id=pad_id, banned_ids=banned_ids, forward=forward)

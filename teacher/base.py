@@ -83,17 +83,6 @@ def register_teacher(name: str):
     return deco
 
 
-def build_teacher(cfg: TeacherConfig) -> Teacher:
-    if cfg.kind not in TEACHERS:
-        raise ValueError(f"teacher.kind={cfg.kind!r} is unknown; choose one of {sorted(TEACHERS)}")
-    teacher = TEACHERS[cfg.kind](cfg)
-    if cfg.shuffle:
-        from teacher.shuffled import ShuffledTeacher
-
-        teacher = ShuffledTeacher(teacher)
-    return teacher
-
-
 def message_text(message: dict) -> str:
     """A message's text: its content, or an assistant's tool calls as name + JSON arguments (how
     the student's chat layout writes a call, student/tokenizer.py)."""

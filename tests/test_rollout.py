@@ -7,7 +7,8 @@ from rl.warmstart import right_pad
 from student import ARCHITECTURES, ByteTokenizer, StudentConfig, build_student
 from student.hf_policy import HFPolicy
 from student.lean_policy import LeanPolicy
-from student.policy import Sampling, build_policy, inverse_cdf, left_pad
+from student.build import build_policy
+from student.policy import Sampling, inverse_cdf, left_pad
 
 TOK = ByteTokenizer()
 

@@ -37,7 +37,7 @@ def _student(seed=0):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from student.policy import build_policy
+    from student.build import build_policy
     from student.vllm_policy import EngineSettings, VLLMEngine, VLLMPolicy
 
     model, tok = _student()
@@ -174,7 +174,7 @@ def test_multi_message_episodes_feed_replies_outside_the_loss(served):
 
 def test_a_hung_or_dead_engine_stops_the_caller_with_its_log(tmp_path):
     from student.vllm_policy import EngineSettings, VLLMEngine, VLLMEngineError, VLLMPolicy
-    from student.policy import build_policy
+    from student.build import build_policy
 
     model, tok = _student()
     log = tmp_path / "engine.log"

@@ -16,7 +16,8 @@ from rl.config import load_config
 from rl.export import export
 from rl.tasks import TaskSource
 from student import ByteTokenizer
-from student.policy import Sampling, build_policy
+from student.build import build_policy
+from student.policy import Sampling
 from teacher.rule import targeted_hint
 
 

@@ -67,7 +67,7 @@ class TeacherDistill(Distilling):
 
     def _teacher(self, ctx):
         if self.teacher_policy is None:
-            from student.policy import build_policy
+            from student.build import build_policy
 
             model = load_teacher(self.cfg.teacher_path, ctx.policy.device, ctx.tok.vocab_size)
             self.teacher_policy = build_policy(model, pad_id=ctx.tok.pad_id, banned_ids=ctx.tok.never_sampled)
