@@ -126,7 +126,7 @@ def save_initial_weights(w: Workload, folder: Path, seed_offset: int = 0) -> int
 
 # ---------------------------------------------------------------------- contenders (child side)
 def run_ours(method: str, w: Workload, init_dir: str, out_dir: Path, on_step) -> dict:
-    from rl.config import load_config
+    from rl.configure import load_config
     from rl.trainer import Trainer
 
     s = student_config(w, init_dir)

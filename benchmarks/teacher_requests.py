@@ -36,7 +36,7 @@ class RecordingTeacher:
 
 
 def capture(run_dir: Path, experiment: Path, steps: int, threads: int) -> list[dict]:
-    from rl.config import load_config
+    from rl.configure import load_config
     from rl.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from rl.checkpoint import CheckpointError, list_tags, verify
-from rl.config import load_config, to_yaml
+from rl.config import to_yaml
+from rl.configure import load_config
 from student import safe_load
 from student.model import model_config
 from student.tokenizer import ByteTokenizer

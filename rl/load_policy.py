@@ -36,7 +36,8 @@ from pathlib import Path
 import torch
 
 from rl.checkpoint import MANIFEST, list_tags, verify
-from rl.config import RunConfig, load_config
+from rl.config import RunConfig
+from rl.configure import load_config
 from student.tokenizer import ByteTokenizer
 
 EXPORT_CONFIG = "hintrl_config.yaml"      # the run's resolved config, written into an export folder

@@ -194,14 +194,14 @@ def _config(run_dir: Path) -> dict:
 def _total_steps(run_dir: Path, cfg: dict, pid_info: dict) -> int | None:
     """warmstart.steps + trainer.steps of the run's config.yaml (the resolved config the trainer
     saved); before the trainer has written it, the total launch resolved (run.pid). A config.yaml
-    without the keys is read through rl.config.load_config, which fills in the defaults."""
+    without the keys is read through rl.configure.load_config, which fills in the defaults."""
     try:
         return int(cfg["warmstart"]["steps"]) + int(cfg["trainer"]["steps"])
     except (KeyError, TypeError, ValueError):
         pass
     if (run_dir / "config.yaml").is_file():
         try:
-            from rl.config import load_config
+            from rl.configure import load_config
 
             loaded = load_config(run_dir)
             return loaded.warmstart.steps + loaded.trainer.steps
@@ -403,7 +403,8 @@ def wait(run: str | Path, output_dir: str | Path = "runs", timeout: float | None
 
 def _resolve(experiment: str | Path, overrides: list[str]):
     """The config and run folder rl.train would use (rl/train.py::main, before any work)."""
-    from rl.config import ConfigError, load_config
+    from rl.config import ConfigError
+    from rl.configure import load_config
     from rl.train import resolve_run_dir
 
     cfg = load_config(experiment, overrides)
@@ -613,7 +614,7 @@ def run_all(jobs: list[tuple[str | Path, list[str]]], parallel: int = 1, poll: f
     relaunched with resume=true (it continues from its last checkpoint). A run that ends in any state
     but finished raises RunError with its last error line. What a chain of stages is built on
     (experiments/model-chain/chain.py)."""
-    from rl.config import load_config
+    from rl.configure import load_config
 
     folders = []
     for experiment, overrides in jobs:

@@ -65,7 +65,8 @@ from pathlib import Path
 import yaml
 from tqdm import tqdm
 
-from rl.config import ConfigError, load_config, to_yaml
+from rl.config import ConfigError, to_yaml
+from rl.configure import load_config
 from rl.contamination import set_digest
 from rl.stats import paired_difference, spread
 from rl.study_tables import BEGIN, END, OVERVIEW_BEGIN, OVERVIEW_END, overview, plot, results_markdown, write_readme

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import yaml
 
-from rl.config import ConfigError, load_config
+from rl.config import ConfigError
+from rl.configure import load_config
 from rl.stats import mean_interval
 from rl.study import reach
 from rl.study_tables import write_readme

@@ -123,7 +123,7 @@ def teacher_gap(run_dir: str | Path, step: int | None = None, attempts: int = 8,
     `overrides` change the run's config for the measurement, e.g. ["teacher.reveal=all_but_last"]."""
     from transformers import AutoModelForCausalLM
 
-    from rl.config import load_config
+    from rl.configure import load_config
     from rl.export import export
     from student.build import build_policy
     from teacher import build_teacher

@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from rl.config import ConfigError, RunConfig, load_config
+from rl.config import ConfigError, RunConfig
+from rl.configure import load_config
 from rl.checkpoint import list_tags
 
 
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg.run_name = run_dir.name
         world = cfg.launcher.nproc_per_node * cfg.launcher.nnodes
         if launched and int(os.environ.get("WORLD_SIZE", world)) != world:
-            # The config's batch checks assume its own rank count (rl/config.py::_validate_scale).
+            # The config's batch checks assume its own rank count (rl/configure.py::_validate_scale).
             raise ConfigError(f"the launcher started {os.environ['WORLD_SIZE']} ranks but launcher.nproc_per_node x "
                               f"launcher.nnodes = {world}; set them to match")
     except ConfigError as err:

@@ -55,7 +55,7 @@ def exported_teacher(tmp_path_factory):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rl.config import load_config
+    from rl.configure import load_config
     from student.model import model_config
     from student.tokenizer import ByteTokenizer
 

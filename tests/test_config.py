@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from rl.config import ConfigError, load_config, to_yaml
+from rl.config import ConfigError, to_yaml
+from rl.configure import load_config
 
 from conftest import ROOT
 

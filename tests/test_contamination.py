@@ -5,7 +5,8 @@ import json
 import pytest
 
 from conftest import TINY
-from rl.config import EvalConfig, TaskConfig, load_config
+from rl.config import EvalConfig, TaskConfig
+from rl.configure import load_config
 from rl.contamination import prompt_hash
 from rl.tasks import TaskSource
 

@@ -6,7 +6,7 @@ from conftest import TINY
 
 
 def _build(tmp_path, *overrides):
-    from rl.config import load_config
+    from rl.configure import load_config
     from rl.engine import build_engine
     from student import ByteTokenizer, build_student
 

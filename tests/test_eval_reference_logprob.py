@@ -150,7 +150,8 @@ def test_a_run_and_rl_eval_report_the_same_numbers(tmp_path):
     temperature, eval.pass_k, the run's seed): on the same weights, the same pass@k. A negative
     eval.pass_k is a config error naming the key."""
     from conftest import TINY
-    from rl.config import ConfigError, load_config
+    from rl.config import ConfigError
+    from rl.configure import load_config
     from rl.eval import evaluate_model
     from rl.train import resolve_run_dir
     from rl.trainer import Trainer

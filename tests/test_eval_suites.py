@@ -32,7 +32,7 @@ def test_listing_hinted_runs_heldout_once():
 def test_eval_reports_a_run_and_its_export_alike(tmp_path, capsys):
     """A real run; `python -m rl.eval` on its folder and on its export: the same metrics, and the
     held-out set's hashes are the ones the run refused to train on (eval_sets.json)."""
-    from rl.config import load_config
+    from rl.configure import load_config
     from rl.eval import main
     from rl.export import export
     from rl.train import resolve_run_dir

@@ -22,7 +22,7 @@ def test_byte_tokenizer_as_transformers_tokenizer():
 def test_export_reloads_with_the_same_logits(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rl.config import load_config
+    from rl.configure import load_config
     from rl.export import export
     from rl.train import resolve_run_dir
     from rl.trainer import Trainer

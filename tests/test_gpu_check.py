@@ -11,7 +11,8 @@ import torch
 
 from conftest import ROOT
 from rl.checkpoint import restore_cuda_rng
-from rl.config import ConfigError, load_config
+from rl.config import ConfigError
+from rl.configure import load_config
 
 
 def _run(cmd, cwd=ROOT, env=None):

@@ -8,7 +8,8 @@ import pytest
 import reasoning_gym
 
 from conftest import ROOT
-from rl.config import ConfigError, TaskConfig, load_config
+from rl.config import ConfigError, TaskConfig
+from rl.configure import load_config
 from rl.engine import lr_at
 from rl.hidden_rule import convention, digit_key, hidden_convention, shifted, wrong_convention
 from rl.study import GateError, check_gate, load_study

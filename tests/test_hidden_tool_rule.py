@@ -7,7 +7,8 @@ import random
 import pytest
 
 from conftest import ROOT
-from rl.config import ConfigError, load_config
+from rl.config import ConfigError
+from rl.configure import load_config
 from rl.environments.base import build_environment
 from rl.hidden_rule import convention, hidden_convention
 from rl.tasks import TaskSource

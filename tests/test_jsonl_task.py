@@ -4,7 +4,8 @@ import json
 import pytest
 
 from conftest import ROOT, run_cli
-from rl.config import ConfigError, load_config
+from rl.config import ConfigError
+from rl.configure import load_config
 from rl.jsonl_task import JsonlError, load_problems
 
 DEFAULT = ROOT / "experiments" / "default"

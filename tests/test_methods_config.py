@@ -1,7 +1,8 @@
 """Method config sections (typed by method.name) and the step's config checks."""
 import pytest
 
-from rl.config import ConfigError, load_config
+from rl.config import ConfigError
+from rl.configure import load_config
 
 from conftest import ROOT
 

@@ -90,7 +90,7 @@ def test_mine_problems_log_keeps_the_sometimes_solved(run_with_problems, tmp_pat
 
 
 def test_mined_file_trains_and_verifies_as_a_jsonl_task(run_with_problems, tmp_path):
-    from rl.config import load_config
+    from rl.configure import load_config
     from rl.tasks import TaskSource
 
     out = tmp_path / "mined.jsonl"
@@ -196,7 +196,7 @@ class ScriptedPolicy:
 
 
 def test_remeasure_replaces_the_logged_rates(run_with_problems, tmp_path):
-    from rl.config import load_config
+    from rl.configure import load_config
     from rl.load_policy import Loaded
     from rl.mine import mine, remeasure, select
 
@@ -223,7 +223,8 @@ def test_remeasure_replaces_the_logged_rates(run_with_problems, tmp_path):
 
 def test_load_policy_errors_name_the_path(tmp_path):
     from rl.checkpoint import MANIFEST
-    from rl.config import load_config, to_yaml
+    from rl.config import to_yaml
+    from rl.configure import load_config
     from rl.load_policy import PolicyLoadError, load_policy
 
     with pytest.raises(PolicyLoadError, match="no such folder"):
@@ -256,7 +257,7 @@ def test_load_policy_errors_name_the_path(tmp_path):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A tiny run of experiments/default: 3 RL steps, a checkpoint at the last, in this process."""
-    from rl.config import load_config
+    from rl.configure import load_config
     from rl.train import resolve_run_dir
     from rl.trainer import Trainer
 

@@ -9,7 +9,7 @@ from conftest import TINY
 
 
 def _trainer(tmp_path, ga, *extra):
-    from rl.config import load_config
+    from rl.configure import load_config
     from rl.train import resolve_run_dir
     from rl.trainer import Trainer
 

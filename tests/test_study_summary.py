@@ -7,7 +7,8 @@ import subprocess
 import pytest
 
 from conftest import ROOT
-from rl.config import ConfigError, load_config
+from rl.config import ConfigError
+from rl.configure import load_config
 from rl.contamination import set_digest
 from rl.stats import paired_difference
 from rl.study import config_hash, load_study, summarize

@@ -140,7 +140,8 @@ def test_hint_is_cut_to_max_chars():
 
 
 def test_template_path_is_resolved_against_the_experiment_folder(tmp_path):
-    from rl.config import ConfigError, load_config
+    from rl.config import ConfigError
+    from rl.configure import load_config
     (tmp_path / "config.yaml").write_text("teacher:\n  prompt_template: prompt.txt\n")
     with pytest.raises(ConfigError, match="teacher.prompt_template"):
         load_config(tmp_path)                            # the file is missing
@@ -188,7 +189,7 @@ def test_warmstart_teacher_writes_warmstart_hints_and_the_run_teacher_the_rl_one
     """warmstart.teacher=rule with a model teacher for RL: warm-start's demonstrations never reach
     the model teacher (here an OpenAI endpoint that refuses connections), RL's requests do."""
     from conftest import TINY
-    from rl.config import load_config
+    from rl.configure import load_config
     from rl.train import resolve_run_dir
     from rl.trainer import Trainer
     from teacher.openai_api import OpenAITeacher

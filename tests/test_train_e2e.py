@@ -7,7 +7,8 @@ import torch
 import yaml
 
 from conftest import ROOT, TINY, run_cli
-from rl.config import ConfigError, load_config
+from rl.config import ConfigError
+from rl.configure import load_config
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -137,7 +138,7 @@ def test_existing_run_is_not_overwritten(tmp_path, tiny_overrides):
 
 def test_nonfinite_loss_stops_without_touching_weights(tmp_path, tiny_overrides, monkeypatch):
     from rl import trainer as trainer_mod
-    from rl.config import load_config
+    from rl.configure import load_config
     from rl.train import resolve_run_dir
 
     cfg = load_config("experiments/default", tiny_overrides + ["trainer.max_nonfinite_steps=2"])
@@ -155,7 +156,7 @@ def test_nonfinite_loss_stops_without_touching_weights(tmp_path, tiny_overrides,
 
 
 def test_gradient_accumulation_is_one_update_per_step(tmp_path, tiny_overrides):
-    from rl.config import load_config
+    from rl.configure import load_config
     from rl.train import resolve_run_dir
     from rl.trainer import Trainer
 

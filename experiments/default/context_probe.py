@@ -12,7 +12,7 @@ import tempfile
 import torch
 from transformers import AutoModelForCausalLM
 
-from rl.config import load_config
+from rl.configure import load_config
 from rl.export import export
 from rl.tasks import TaskSource
 from student import ByteTokenizer

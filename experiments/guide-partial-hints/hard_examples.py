@@ -14,7 +14,7 @@ import collections
 import sys
 from pathlib import Path
 
-from rl.config import load_config
+from rl.configure import load_config
 from rl.tasks import TaskSource
 
 HERE = Path(__file__).resolve().parent

@@ -62,7 +62,7 @@ def split(mined: list[dict], folder: Path) -> tuple[Path, Path]:
 
 def random_file(source: Path, n: int, path: Path) -> Path:
     """n problems of the task's training stream from another seed: the control's file."""
-    from rl.config import load_config
+    from rl.configure import load_config
     from rl.tasks import TaskSource
 
     cfg = load_config(source)

@@ -39,7 +39,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rl import runs  # noqa: E402
-from rl.config import load_config  # noqa: E402
+from rl.configure import load_config  # noqa: E402
 from rl.stats import fmt, fmt_interval, paired_difference, spread  # noqa: E402
 
 SUITES = ["hinted", "behaviour"]

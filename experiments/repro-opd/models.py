@@ -22,7 +22,7 @@ sys.path = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 
 import torch  # noqa: E402
 
-from rl.config import load_config  # noqa: E402
+from rl.configure import load_config  # noqa: E402
 from rl.tasks import TaskSource  # noqa: E402
 from student.model import build_student, count_parameters  # noqa: E402
 from student.tokenizer import ByteTokenizer  # noqa: E402

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from rl.evals import EvalContext, Suite, register
+from rl.evals.base import EvalContext, Suite, register
 from rl.evaluate import evaluate
 
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:/\d+)?")

@@ -4,7 +4,7 @@ The cheapest suite; `hinted` reports the same accuracy beside the teacher gap (l
 `hinted` only)."""
 from __future__ import annotations
 
-from rl.evals import EvalContext, Suite, register
+from rl.evals.base import EvalContext, Suite, register
 from rl.evaluate import evaluate
 
 

@@ -4,7 +4,7 @@ accuracy, hint rate and the teacher gap, overall and per bucket (rl/evaluate.py 
 The trainer's default periodic evaluation."""
 from __future__ import annotations
 
-from rl.evals import EvalContext, register
+from rl.evals.base import EvalContext, register
 from rl.evals.heldout import HeldOut
 from rl.evaluate import eval_metrics, evaluate
 

@@ -4,7 +4,7 @@ model cannot have seen (its hashes are refused by the training stream, rl/contam
 Answered as `heldout` answers (its counts), reported per set."""
 from __future__ import annotations
 
-from rl.evals import register
+from rl.evals.base import register
 from rl.evals.heldout import HeldOut
 
 

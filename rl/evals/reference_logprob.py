@@ -49,7 +49,7 @@ import torch
 
 from rl.contamination import prompt_hash
 from rl.episodes import Episodes
-from rl.evals import EvalContext, Suite, register
+from rl.evals.base import EvalContext, Suite, register
 from rl.tasks import Problem
 from rl.warmstart import right_pad, split_demonstration
 from student.policy import Sampling

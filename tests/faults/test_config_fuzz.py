@@ -29,7 +29,8 @@ import pytest
 import yaml
 
 from conftest import ROOT, run_cli
-from rl.config import ConfigError, RunConfig, load_config
+from rl.config import ConfigError, RunConfig
+from rl.configure import load_config
 
 EXPERIMENTS = ("default", "repro-guide", "targeted-multistep", "llm-teacher")   # default: most cases
 CATEGORIES = ("unknown_key", "wrong_type", "out_of_range", "bad_choice", "syntax", "combination", "yaml")
