@@ -191,8 +191,11 @@ def _arm(path: Path, name: str, arm, all_seeds: list[int]) -> Arm:
         raise ConfigError(f"{path}: arm {name!r}: kind {kind!r} is unknown; choose one of {sorted(KINDS)}")
     if kind and any(o.startswith("method.name=") for o in own):
         raise ConfigError(f"{path}: arm {name!r}: a {kind} arm's method is its kind's; drop method.name")
+    def per_arm(key: str) -> bool:
+        return any(key == k or key.startswith(k + ".") for k in PER_ARM_TASK)
+
     bad = [o for o in own if "=" not in o
-           or (o.split("=", 1)[0].startswith(SHARED) and o.split("=", 1)[0].strip() not in PER_ARM_TASK)]
+           or (o.split("=", 1)[0].startswith(SHARED) and not per_arm(o.split("=", 1)[0].strip()))]
     if bad:
         raise ConfigError(f"{path}: arm {name!r}: overrides {bad} are not key=value or change what the arms "
                           "share (seed, task but task.mix, student, warm-start, run folder)")

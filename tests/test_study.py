@@ -56,8 +56,10 @@ def test_bad_study_yaml_is_named(tmp_path, study, message):
 
 
 def test_an_arm_may_change_the_rl_mix_only(tmp_path):
-    study = load_study(folder(tmp_path, 'arms: {a: [method.name=grpo, "task.mix={easy: 1, hard: 1}"]}'))
-    assert study.arms[0].overrides == ["method.name=grpo", "task.mix={easy: 1, hard: 1}"]
+    study = load_study(folder(tmp_path, 'arms: {a: [method.name=grpo, "task.mix={easy: 1, hard: 1}"], '
+                                        'b: [method.name=grpo, task.mix.easy=2]}'))
+    assert [a.overrides for a in study.arms] == [["method.name=grpo", "task.mix={easy: 1, hard: 1}"],
+                                                 ["method.name=grpo", "task.mix.easy=2"]]
 
 
 def test_reach_and_spread():
