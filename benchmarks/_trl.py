@@ -94,7 +94,9 @@ def _dataset(problems):
 def _reward_fn(problems, verifier):
     def reasoning_gym_score(prompts, completions, index, **_):
         # binary, as our trainer's task.reward default: 1 only for a fully correct answer
-        return [float(verifier.score_answer(c, problems[i].entry) >= 1.0) for c, i in zip(completions, index)]
+        # verifier: the task's sources by bucket (rl.tasks.TaskSource.train); a problem is scored by its own
+        return [float(verifier[problems[i].bucket].score_answer(c, problems[i].entry) >= 1.0)
+                for c, i in zip(completions, index)]
     return reasoning_gym_score
 
 

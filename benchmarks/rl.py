@@ -64,6 +64,13 @@ ROUNDS = 2
 STAGES = {"generation": "time/rollout_s", "verification": "time/verify_s", "teacher": "time/teacher_s",
           "regeneration": "time/regenerate_s", "hinted / teacher scoring": "time/hinted_scoring_s",
           "forward + loss": "time/forward_s", "backward": "time/backward_s", "optimizer": "time/optimizer_s"}
+# Our tokens per step by what they went through (rl/budget.py): a method's extra time is extra tokens
+# (a second generation pass, longer teacher contexts, more trained rows) or a dearer token; the
+# second table tells which.
+TOKENS = {"generated": "budget/generated_tokens", "scored": "budget/scored_tokens",
+          "trained": "budget/trained_tokens"}
+# Issue 31: every method's step within 1.3x our grpo's.
+STEP_VS_GRPO = 1.3
 
 
 @dataclasses.dataclass
@@ -147,6 +154,7 @@ def run_ours(method: str, w: Workload, init_dir: str, out_dir: Path, on_step) ->
         start, cpu = time.perf_counter(), time.process_time()
         metrics = trainer.rl_step()
         trainer.step += 1
+        metrics.update(trainer.budget.close_step())      # as the training loop does after each step
         trainer.log.log_metrics(trainer.step, metrics)
         metrics["time/step_s"] = time.perf_counter() - start
         metrics["cpu_s"] = time.process_time() - cpu
@@ -160,7 +168,8 @@ def run_ours(method: str, w: Workload, init_dir: str, out_dir: Path, on_step) ->
     out = {k: [m.get(k, 0.0) for m in steps] for k in keys}
     return {"step_s": out.pop("time/step_s"), "cpu_s": out.pop("cpu_s"), "tokens": out.pop("tokens"),
             "reward_mean": out.pop("train/reward_mean"), "hint_rate": out.pop("hint/rate"),
-            "stages": out, "experts_implementation": cfg.student.experts_implementation,
+            "stages": out, "budget": {kind: [m.get(key, 0.0) for m in steps] for kind, key in TOKENS.items()},
+            "experts_implementation": cfg.student.experts_implementation,
             "router_replay": cfg.student.router_replay}
 
 
@@ -241,6 +250,8 @@ def summarise(runs: list[dict]) -> dict:
     if "stages" in runs[0]:
         out["median_stage_s"] = {label: statistics.median(pooled(lambda r, k=key: r["stages"][k]))
                                  for label, key in STAGES.items()}
+    if "budget" in runs[0]:
+        out["median_tokens"] = {kind: statistics.median(pooled(lambda r, k=kind: r["budget"][k])) for kind in TOKENS}
     return out
 
 
@@ -266,13 +277,31 @@ def targets(rows: dict) -> dict:
     if med("grpo") and med("hint_distill"):
         out["hint_distill_step_vs_grpo"] = {"value": med("hint_distill") / med("grpo"), "target": "<= 1.3"}
     for name in OURS:
-        if name not in ("grpo", "hint_distill") and med("grpo") and med(name):
-            out[f"{name}_step_vs_grpo"] = {"value": med(name) / med("grpo"), "target": "reported"}
+        if name != "grpo" and med("grpo") and med(name):
+            out[f"{name}_step_vs_grpo"] = {"value": med(name) / med("grpo"), "target": f"<= {STEP_VS_GRPO}"}
+    if med("self_distill"):
+        # Issue 31: the top-k scoring need not cost more than a forward; per token, against the
+        # training forward (which keeps its activations for the backward).
+        score, forward = per_kilotoken(rows["self_distill"])
+        if score and forward:
+            out["self_distill_scoring_vs_training_forward_per_token"] = {"value": score / forward, "target": "<= 1.0"}
     ours = [rows[n]["peak_rss_mib"] for n in ("grpo", "hint_distill") if med(n)]
     trl = [rows[n]["peak_rss_mib"] for n in ("trl_grpo", "trl_sdpo") if med(n)]
     if ours and trl:
         out["peak_rss_ours_max_vs_trl_min"] = {"value": max(ours) / min(trl), "target": "<= 1.0"}
     return out
+
+
+def per_kilotoken(row: dict) -> tuple[float | None, float | None]:
+    """Milliseconds per 1000 tokens of the hinted / teacher scoring (over the scored tokens) and of
+    the training forward + loss (over the trained tokens), from the medians; None where none ran."""
+    stages, tokens = row.get("median_stage_s"), row.get("median_tokens")
+    if not stages or not tokens:
+        return None, None
+    per_k = 1e3 * 1e3                                   # seconds per token -> ms per 1000 tokens
+    score = stages["hinted / teacher scoring"] / tokens["scored"] * per_k if tokens["scored"] else None
+    forward = stages["forward + loss"] / tokens["trained"] * per_k if tokens["trained"] else None
+    return score, forward
 
 
 def markdown(meta: dict, rows: dict) -> str:
@@ -302,6 +331,19 @@ def markdown(meta: dict, rows: dict) -> str:
         cells = [f"{stages[s]:.3f}" for s in STAGES] if stages else ["-"] * len(STAGES)
         lines.append(f"| {name} | {r['median_step_s']:.3f} | {ratio} | {r['median_cpu_s']:.3f} | {r['tokens_per_s']:.0f} | "
                      f"{r['peak_rss_mib']:.0f} | " + " | ".join(cells) + " |")
+    ours = [n for n in OURS if n in rows and "error" not in rows[n] and rows[n].get("median_tokens")]
+    if ours:
+        lines += ["", "Tokens per step (median over the measured steps; rl/budget.py) and the cost of a token: "
+                  "generated (rollouts and regenerations), scored (no-gradient hinted or teacher forwards, "
+                  "context + completion), trained (training forward), and milliseconds per 1000 tokens of the "
+                  "scoring and of the training forward + loss.", "",
+                  "| contender | generated | scored | trained | scoring ms / 1k scored | forward ms / 1k trained |",
+                  "|---|---|---|---|---|---|"]
+        for name in ours:
+            t = rows[name]["median_tokens"]
+            score, forward = per_kilotoken(rows[name])
+            lines.append(f"| {name} | {t['generated']:.0f} | {t['scored']:.0f} | {t['trained']:.0f} | "
+                         + (f"{score:.1f}" if score else "-") + " | " + (f"{forward:.1f}" if forward else "-") + " |")
     lines += ["", "Targets: " + "; ".join(
         f"{k} = {t['value']:.2f} (target {t['target']})" for k, t in meta["targets"].items())]
     return "\n".join(lines) + "\n"

@@ -67,7 +67,11 @@ def test_our_contenders_report_positive_figures_and_stage_split(tmp_path):
     # the second round runs the contenders in reverse order
     assert run_order(stderr) == ["grpo-round1", "hint_distill-round1", "hint_distill-round2", "grpo-round2"]
     assert "hint_distill_step_vs_grpo" in meta["targets"]
-    assert (tmp_path / "rl-cpu.md").read_text().count("| grpo |") == 1
+    # tokens by what they went through: grpo scores none; the hinted scoring is of the failed rows
+    tokens = {name: r["median_tokens"] for name, r in rows.items()}
+    assert tokens["grpo"]["scored"] == 0 and tokens["hint_distill"]["scored"] > 0
+    assert all(t["generated"] > 0 and t["trained"] >= t["generated"] for t in tokens.values())
+    assert (tmp_path / "rl-cpu.md").read_text().count("| grpo |") == 2     # the step table and the tokens table
     # a partial run never overwrites the recorded results
     assert [p.read_bytes() if p.exists() else None for p in records] == before
 
