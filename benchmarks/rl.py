@@ -274,8 +274,6 @@ def targets(rows: dict) -> dict:
     out = {}
     if med("grpo") and med("trl_grpo"):
         out["grpo_step_vs_trl_grpo"] = {"value": med("grpo") / med("trl_grpo"), "target": "<= 0.5"}
-    if med("grpo") and med("hint_distill"):
-        out["hint_distill_step_vs_grpo"] = {"value": med("hint_distill") / med("grpo"), "target": "<= 1.3"}
     for name in OURS:
         if name != "grpo" and med("grpo") and med(name):
             out[f"{name}_step_vs_grpo"] = {"value": med(name) / med("grpo"), "target": f"<= {STEP_VS_GRPO}"}
