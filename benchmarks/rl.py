@@ -1,7 +1,7 @@
 """RL step-throughput benchmark: `python -m benchmarks.rl` (or `scripts/bench.sh rl`).
 
-One workload for every contender: a randomly initialised Qwen3-MoE causal LM (hidden
-128, 4 layers, 4 heads / 2 KV heads, 8 experts top-2, expert width 256, fp32), the byte-level
+One workload for every contender: a randomly initialised student of StudentConfig's defaults (a
+Qwen3-MoE causal LM of 3.4M parameters; the record states its shape), fp32, the byte-level
 tokenizer, reasoning-gym `basic_arithmetic` with two one-digit terms and `+`/`-` scored by its own
 verifier, 8 prompts x 8 samples per step, at most 16 new tokens, 20 optimizer steps, CPU, 2
 threads, one seed. The initial weights are saved once (an HF folder) and every contender loads
@@ -75,13 +75,7 @@ STEP_VS_GRPO = 1.3
 
 @dataclasses.dataclass
 class Workload:
-    hidden_size: int = 128
-    num_layers: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    num_experts: int = 8
-    top_k: int = 2
-    expert_width: int = 256
+    model: dict = dataclasses.field(default_factory=dict)   # StudentConfig keys to change: {} = the default student
     prompts: int = 8                 # per step
     samples: int = 8                 # per prompt (the group)
     max_new_tokens: int = 16
@@ -97,16 +91,15 @@ class Workload:
 
 
 # Seconds-long shape for the harness test (tests/test_bench_rl.py); not a measurement.
-TINY = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, num_experts=4, expert_width=16,
+TINY = dict(model=dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, num_experts=4, expert_width=16),
             prompts=2, samples=4, max_new_tokens=4, threads=1)
 
 
 def student_config(w: Workload, checkpoint: str = ""):
+    """The benchmarked student: StudentConfig's defaults (the default experiment's model), fp32 on
+    the CPU, with the workload's changes."""
     from student import StudentConfig
-    return StudentConfig(arch="qwen3_moe", checkpoint=checkpoint, hidden_size=w.hidden_size,
-                         num_layers=w.num_layers, num_heads=w.num_heads, num_kv_heads=w.num_kv_heads,
-                         num_experts=w.num_experts, top_k=w.top_k, expert_width=w.expert_width,
-                         dtype="float32")
+    return StudentConfig(**{"dtype": "float32", **w.model, "checkpoint": checkpoint})
 
 
 def task_config(w: Workload):
@@ -303,9 +296,9 @@ def per_kilotoken(row: dict) -> tuple[float | None, float | None]:
 
 
 def markdown(meta: dict, rows: dict) -> str:
-    w, v = meta["workload"], meta["versions"]
-    lines = [f"Workload: Qwen3-MoE {meta['params_m']:.2f}M params (hidden {w['hidden_size']}, {w['num_layers']} "
-             f"layers, {w['num_experts']} experts top-{w['top_k']}, width {w['expert_width']}, fp32), "
+    w, v, m = meta["workload"], meta["versions"], meta["student"]
+    lines = [f"Workload: {m['arch']} {meta['params_m']:.2f}M params (hidden {m['hidden_size']}, {m['num_layers']} "
+             f"layers, {m['num_experts']} experts top-{m['top_k']}, width {m['expert_width']}, {m['dtype']}), "
              f"{w['prompts']} prompts x {w['samples']} samples, <= {w['max_new_tokens']} new tokens, "
              f"{w['steps']} steps x {meta.get('rounds', 1)} rounds per contender (order reversed every other round), "
              f"{w['threads']} threads, {meta['device']}. torch {v['torch']}, "
@@ -387,7 +380,8 @@ def main() -> None:
     n_params = save_initial_weights(w, init_dir)
     if "teacher_distill" in names:
         save_initial_weights(w, work / "teacher-weights", seed_offset=1)
-    meta = {"device": "cpu", "workload": dataclasses.asdict(w), "params_m": n_params / 1e6,
+    meta = {"device": "cpu", "workload": dataclasses.asdict(w), "student": dataclasses.asdict(student_config(w)),
+            "params_m": n_params / 1e6,
             "versions": versions(), "cpu_count": os.cpu_count(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "load_avg_1min_start": os.getloadavg()[0],
             "command": "python -m benchmarks.rl " + " ".join(sys.argv[1:]),
