@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from student.policy import Routes, Scores
+from student.policy import Rollout, Routes, Scores, join_rows
 
 
 @dataclass
@@ -27,6 +27,15 @@ class RowTargets:
     scores: Scores
     mask_HC: torch.Tensor | None = None
 
+    @classmethod
+    def on_spans(cls, rows: list[int], scores: Scores, starts: list[int], ends: list[int], width: int) -> "RowTargets":
+        """Targets from scores of completion slices [starts[h], ends[h]) of `rows` (cut_spans),
+        moved to the rows' own positions in a completion `width` wide and covering only the slices."""
+        positions = torch.arange(width, device=scores.logprobs_NC.device)
+        mask_HC = ((positions >= torch.tensor(starts, device=positions.device)[:, None])
+                   & (positions < torch.tensor(ends, device=positions.device)[:, None]))
+        return cls(rows, shift_scores(scores, starts, width), mask_HC)
+
     def select(self, index: list[int]) -> "RowTargets":
         """The targets of the batch rows `index`, renumbered to their positions in it."""
         where = {row: i for i, row in enumerate(index)}
@@ -37,6 +46,12 @@ class RowTargets:
                            for f in fields(Scores)})
         mask = None if self.mask_HC is None else self.mask_HC[pick.to(self.mask_HC.device)]
         return RowTargets([where[self.rows[h]] for h in keep], scores, mask)
+
+
+def cut_spans(completion_NC: torch.Tensor, rows: list[int], starts: list[int], ends: list[int], pad_id: int) -> torch.Tensor:
+    """The completion slices [starts[h], ends[h]) of `rows`, right-padded with `pad_id`: (H, W)."""
+    slices = [completion_NC[r, s:e] for r, s, e in zip(rows, starts, ends)]
+    return torch.nn.utils.rnn.pad_sequence(slices, batch_first=True, padding_value=pad_id)
 
 
 def shift_scores(scores: Scores, starts: list[int], width: int) -> Scores:
@@ -58,24 +73,34 @@ def shift_scores(scores: Scores, starts: list[int], width: int) -> Scores:
                      for f in fields(Scores)})
 
 
+def per_row(fill=None, *, optional: bool = False, derived: bool = False):
+    """A field with one entry per row, which `select` and `add_rows` carry generically: `fill`
+    right-pads a (N, C) completion field when rows of two widths meet ("pad": the tokenizer's
+    <pad>); `derived` fields (advantages) are unset when rows are added, for the caller to
+    recompute over the grown groups."""
+    meta = {"per_row": True, "fill": fill, "derived": derived}
+    return field(default=None, metadata=meta) if optional or derived else field(metadata=meta)
+
+
 @dataclass
 class Batch:
-    problems: list                       # rl.tasks.Problem per row
-    prompt_ids: list[list[int]]          # the context each row is trained in (never a hint)
-    completion_ids_NC: torch.Tensor
-    mask_NC: torch.Tensor                # real completion tokens
-    old_logprobs_NC: torch.Tensor        # under the distribution that sampled them
-    routes: Routes                       # experts picked when they were sampled
-    attempts: list[str]
-    verdicts: list                       # rl.tasks.Verdict per row
-    rewards_N: torch.Tensor
-    group_N: torch.Tensor                # long: the prompt group of each row
-    source: list[str]                    # "rollout", or the name of the method stage that added the row
-    advantages_N: torch.Tensor | None = None
-    weight_N: torch.Tensor | None = None            # per-row weight on the policy-gradient term
-    targets: dict[str, RowTargets] = field(default_factory=dict)
+    problems: list = per_row()                          # rl.tasks.Problem per row
+    prompt_ids: list[list[int]] = per_row()             # the context each row is trained in (never a hint)
+    completion_ids_NC: torch.Tensor = per_row(fill="pad")
+    mask_NC: torch.Tensor = per_row(fill=False)         # real completion tokens
+    old_logprobs_NC: torch.Tensor = per_row(fill=0.0)   # under the distribution that sampled them
+    routes: Routes = per_row()                          # experts picked when they were sampled
+    attempts: list[str] = per_row()
+    verdicts: list = per_row()                          # rl.tasks.Verdict per row
+    rewards_N: torch.Tensor = per_row()
+    group_N: torch.Tensor = per_row()                   # long: the prompt group of each row
+    source: list[str] = per_row()                       # "rollout", or the name of the method stage that added the row
+    advantages_N: torch.Tensor | None = per_row(derived=True)
+    weight_N: torch.Tensor | None = per_row(optional=True)   # per-row weight on the policy-gradient term (default 1)
+    transcripts: list | None = per_row(optional=True)   # rl.episodes.Transcript per row: its messages and their token spans
+    # per step
+    targets: dict[str, RowTargets] = field(default_factory=dict)   # renumbered by `select`
     hinted: Any = None                   # rl.feedback.HintedRows of the step, if a teacher was asked
-    transcripts: list | None = None      # rl.episodes.Transcript per row: its messages and their token spans
     correction_gamma: float | None = None  # corrected_replay's Guide γ, fixed once per step (not per micro-batch)
 
     def __post_init__(self):
@@ -99,16 +124,12 @@ class Batch:
         def rows(x):
             if x is None:
                 return None
+            if isinstance(x, Routes):
+                return x.select(index)
             return x[idx] if isinstance(x, torch.Tensor) else [x[i] for i in index]
 
-        return replace(self, problems=rows(self.problems), prompt_ids=rows(self.prompt_ids),
-                       completion_ids_NC=rows(self.completion_ids_NC), mask_NC=rows(self.mask_NC),
-                       old_logprobs_NC=rows(self.old_logprobs_NC), routes=self.routes.select(index),
-                       attempts=rows(self.attempts), verdicts=rows(self.verdicts), rewards_N=rows(self.rewards_N),
-                       group_N=rows(self.group_N), source=rows(self.source),
-                       advantages_N=rows(self.advantages_N), weight_N=rows(self.weight_N),
-                       targets={k: t.select(index) for k, t in self.targets.items()},
-                       transcripts=rows(self.transcripts))
+        return replace(self, targets={k: t.select(index) for k, t in self.targets.items()},
+                       **{f.name: rows(getattr(self, f.name)) for f in _row_fields()})
 
     def add_rows(self, more: "Batch", pad_id: int) -> None:
         """Append `more`'s rows to this batch, in place; its advantages are then unset (the caller
@@ -117,23 +138,46 @@ class Batch:
         positions masked out and free of routes. Targets keep their rows (they come first)."""
         width = max(self.completion_ids_NC.size(1), more.completion_ids_NC.size(1))
 
-        def both(a, b, fill):
-            return torch.cat([widen(a, width, fill), widen(b, width, fill)])
+        def grown(f, a, b):
+            if f.metadata["derived"] or a is None:
+                return None
+            if isinstance(a, Routes):
+                return a.widen(width - 1).add_rows(b.prompt_of_row_N, b.widen(width - 1).completion)
+            if not isinstance(a, torch.Tensor):
+                return a + b
+            fill = pad_id if f.metadata["fill"] == "pad" else f.metadata["fill"]
+            return torch.cat([a, b]) if fill is None else torch.cat([widen(a, width, fill), widen(b, width, fill)])
 
-        routes = self.routes.widen(width - 1).add_rows(more.routes.prompt_of_row_N,
-                                                       more.routes.widen(width - 1).completion)
-        cat = lambda a, b: None if a is None else (torch.cat([a, b]) if isinstance(a, torch.Tensor) else a + b)
-        grown = replace(self, problems=self.problems + more.problems, prompt_ids=self.prompt_ids + more.prompt_ids,
-                       completion_ids_NC=both(self.completion_ids_NC, more.completion_ids_NC, pad_id),
-                       mask_NC=both(self.mask_NC, more.mask_NC, False),
-                       old_logprobs_NC=both(self.old_logprobs_NC, more.old_logprobs_NC, 0.0), routes=routes,
-                       attempts=self.attempts + more.attempts, verdicts=self.verdicts + more.verdicts,
-                       rewards_N=cat(self.rewards_N, more.rewards_N), group_N=cat(self.group_N, more.group_N),
-                       source=self.source + more.source, advantages_N=None,
-                       weight_N=cat(self.weight_N, more.weight_N),
-                       transcripts=None if self.transcripts is None else self.transcripts + more.transcripts)
-        for f in fields(self):
-            setattr(self, f.name, getattr(grown, f.name))
+        for f in _row_fields():
+            setattr(self, f.name, grown(f, getattr(self, f.name), getattr(more, f.name)))
+
+    def continued(self, rows: list[int], starts: list[int], roll: Rollout, pad_id: int, **outcome) -> "Batch":
+        """New rows that go on from rows `rows` of this one: each keeps its prompt, problem, group
+        and its completion's first `starts[i]` tokens (context now: masked out, their routes
+        replayed), then continues with `roll`'s tokens, sampled in another context (their routes
+        free). `outcome` gives the new rows' attempts, verdicts, source and transcripts (the
+        regenerated episodes, from their start); rewards follow the verdicts."""
+        dev = self.completion_ids_NC.device
+        index = torch.tensor(rows, dtype=torch.long, device=dev)
+        completion_NC = join_rows([self.completion_ids_NC[r, :s] for r, s in zip(rows, starts)],
+                                  roll.completion_ids_NC, pad_id)
+        more = outcome.pop("transcripts", None)
+        transcripts = None if self.transcripts is None else [self.transcripts[r].continued(s, t)
+                                                              for r, s, t in zip(rows, starts, more)]
+        verdicts = outcome.pop("verdicts")
+        return Batch(problems=[self.problems[r] for r in rows], prompt_ids=[self.prompt_ids[r] for r in rows],
+                     completion_ids_NC=completion_NC,
+                     mask_NC=join_rows([torch.zeros(s, dtype=torch.bool, device=dev) for s in starts], roll.mask_NC,
+                                       False),
+                     old_logprobs_NC=join_rows([torch.zeros(s, device=dev) for s in starts], roll.logprobs_NC, 0.0),
+                     routes=self.routes.continued(rows, starts, [torch.full_like(g, -1) for g in roll.routes.completion],
+                                                  completion_NC.size(1) - 1),
+                     verdicts=verdicts, rewards_N=torch.tensor([v.reward for v in verdicts], device=dev),
+                     group_N=self.group_N[index], transcripts=transcripts, **outcome)
+
+
+def _row_fields():
+    return [f for f in fields(Batch) if f.metadata.get("per_row")]
 
 
 def widen(x_NC: torch.Tensor, width: int, fill) -> torch.Tensor:

@@ -41,6 +41,12 @@ class Transcript:
         said = self.assistant_indices
         return assistant_text(self.messages[said[-1]]) if said else ""
 
+    def continued(self, start: int, more: "Transcript") -> "Transcript":
+        """This episode up to completion position `start` (a message's start), then `more`: an
+        episode that went on from there (its messages whole, its spans counted from `start`)."""
+        return Transcript(self.prompt_ids, more.messages, [sp for sp in self.spans if sp[1] <= start]
+                          + [(a + start, b + start) for a, b in more.spans])
+
 
 def hinted_context(tok: ByteTokenizer, transcript: Transcript, completion: list[int], message_index: int,
                    hint: str) -> tuple[list[int], int]:

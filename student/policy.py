@@ -89,6 +89,28 @@ class Routes:
         return Routes(torch.cat([self.prompt_of_row_N, prompt_of_row_N]), self.prompt,
                       [torch.cat([a, b]) for a, b in zip(self.completion, completion)])
 
+    def continued(self, rows: list[int], starts: list[int], after: list[torch.Tensor], fed: int) -> "Routes":
+        """The routes of rows `rows` (on the same distinct prompts) whose completions keep their
+        first `starts[i]` tokens and go on with tokens routed as `after` (per layer (R, S, K), -1
+        for free), over `fed` fed completion tokens; what no row reaches is free."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.prompt_of_row_N.device)
+        return Routes(self.prompt_of_row_N[index], self.prompt,
+                      [join_rows([c[r, :s] for r, s in zip(rows, starts)], a, -1, fed)
+                       for c, a in zip(self.completion, after)])
+
+
+def join_rows(before: list[torch.Tensor], after: torch.Tensor, fill, width: int | None = None) -> torch.Tensor:
+    """Per row i: `before[i]`, then `after[i]`, right-filled with `fill`: (R, width, ...) with
+    `width` = the longest join unless given (then `after` is cut to fit). Any trailing dimensions
+    (e.g. routed slots) ride along."""
+    width = max(len(b) for b in before) + after.size(1) if width is None else width
+    out = after.new_full((len(before), width, *after.shape[2:]), fill)
+    for i, b in enumerate(before):
+        n = min(after.size(1), width - len(b))
+        out[i, :len(b)] = b
+        out[i, len(b):len(b) + n] = after[i, :n]
+    return out
+
 
 @dataclass
 class Rollout:

@@ -36,12 +36,12 @@ from typing import ClassVar
 import torch
 
 from rl.batch import Batch
-from rl.episodes import Episodes, Transcript
+from rl.episodes import Episodes
 from rl.config import MethodConfig
 from rl.feedback import hint_failed_attempts
 from rl.losses import CORRECTION_WEIGHTS, corrected_trajectory_loss, group_advantages, guide_gamma, policy_gradient_loss
 from rl.methods.grpo import GRPO
-from student.policy import Routes, distinct_prompts
+from student.policy import Routes, distinct_prompts, join_rows
 
 
 @dataclass
@@ -113,29 +113,11 @@ class CorrectedReplay(GRPO):
 
         # A corrected row: the hint-free prompt, the episode as sampled before the target (not
         # trained again here: masked, its recorded routes replayed), then the regeneration (free routes).
-        dev = batch.completion_ids_NC.device
-        index = torch.tensor(source, dtype=torch.long, device=dev)
-        before = [batch.completion_ids_NC[r, :s] for r, s in zip(source, starts)]
-        completion_NC = self._join(before, roll.completion_ids_NC, ctx.tok.pad_id)
-        mask_NC = self._join([torch.zeros(s, dtype=torch.bool, device=dev) for s in starts], roll.mask_NC, False)
-        logprobs_NC = self._join([torch.zeros(s, device=dev) for s in starts], roll.logprobs_NC, 0.0)
-        width = completion_NC.size(1)
-        replayed = [self._join_routes([c[r, :s] for r, s in zip(source, starts)], torch.full_like(g, -1), width)
-                    for c, g in zip(batch.routes.completion, roll.routes.completion)]
-        transcripts = None
-        if batch.transcripts is not None:
-            transcripts = [Transcript(batch.prompt_ids[r], t.messages,
-                                      [sp for sp in batch.transcripts[r].spans if sp[1] <= s]
-                                      + [(a + s, b + s) for a, b in t.spans])
-                           for r, s, t in zip(source, starts, regenerated)]
-        corrected = Batch(problems=problems, prompt_ids=[batch.prompt_ids[r] for r in source],
-                          completion_ids_NC=completion_NC, mask_NC=mask_NC, old_logprobs_NC=logprobs_NC,
-                          routes=Routes(batch.routes.prompt_of_row_N[index], batch.routes.prompt, replayed),
-                          attempts=attempts, verdicts=verdicts,
-                          rewards_N=torch.tensor([v.reward for v in verdicts], device=dev),
-                          group_N=batch.group_N[index], source=["corrected"] * len(source), transcripts=transcripts)
+        corrected = batch.continued(source, starts, roll, ctx.tok.pad_id, attempts=attempts, verdicts=verdicts,
+                                    transcripts=regenerated, source=["corrected"] * len(source))
         if m.check_routes:
-            hinted_routes = [self._join_routes([c.new_full((s, c.size(-1)), -1) for s in starts], g, width)
+            fed = corrected.completion_ids_NC.size(1) - 1
+            hinted_routes = [join_rows([c.new_full((s, c.size(-1)), -1) for s in starts], g, -1, fed)
                              for c, g in zip(batch.routes.completion, roll.routes.completion)]
             metrics["corrected/route_mismatch"] = self._route_mismatch(ctx, corrected, hinted_routes)
         if m.weight == "guide":
@@ -155,27 +137,6 @@ class CorrectedReplay(GRPO):
         if batch.transcripts is not None and ctx.cfg.rollout.max_turns > 1:
             metrics["corrected/from_message_mean"] = sum(len(h) for h in histories) / len(histories)
         return metrics
-
-    @staticmethod
-    def _join(before: list[torch.Tensor], after_NW: torch.Tensor, fill) -> torch.Tensor:
-        """Per row: `before[i]` then `after_NW[i]`, right-padded with `fill` to the longest."""
-        width = max(len(b) for b in before) + after_NW.size(1)
-        out = after_NW.new_full((len(before), width), fill)
-        for i, b in enumerate(before):
-            out[i, :len(b)] = b
-            out[i, len(b):len(b) + after_NW.size(1)] = after_NW[i]
-        return out
-
-    @staticmethod
-    def _join_routes(before: list[torch.Tensor], after_NSK: torch.Tensor, width: int) -> torch.Tensor:
-        """Per row: the routes of `before[i]` (fed tokens before the regeneration), then the
-        regeneration's; (N, width - 1, K) for a completion `width` wide (the last token is not fed)."""
-        out = after_NSK.new_full((len(before), width - 1, after_NSK.size(-1)), -1)
-        for i, b in enumerate(before):
-            n = min(after_NSK.size(1), width - 1 - len(b))
-            out[i, :len(b)] = b
-            out[i, len(b):len(b) + n] = after_NSK[i, :n]
-        return out
 
     @staticmethod
     def _route_mismatch(ctx, corrected: Batch, hinted_completion_routes: list[torch.Tensor]) -> float:

@@ -23,9 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
-
-from rl.batch import RowTargets, shift_scores
+from rl.batch import RowTargets, cut_spans
 from rl.feedback import hint_failed_attempts
 from rl.methods.distill import Distilling, SelfTeacherConfig, score_teacher
 
@@ -52,14 +50,10 @@ class HintDistill(Distilling):
         ctx.lap("teacher")
         if hinted.rows:
             contexts, starts, ends = self._spans(batch, hinted, ctx.tok)
-            width = batch.completion_ids_NC.size(1)
-            slices = [batch.completion_ids_NC[r, s:e] for r, s, e in zip(hinted.rows, starts, ends)]
-            completion_HW = torch.nn.utils.rnn.pad_sequence(slices, batch_first=True, padding_value=ctx.tok.pad_id)
+            completion_HW = cut_spans(batch.completion_ids_NC, hinted.rows, starts, ends, ctx.tok.pad_id)
             scores = score_teacher(ctx.teacher_policy, self.cfg, contexts, completion_HW, ctx.cfg.rollout.temperature)
-            positions = torch.arange(width, device=completion_HW.device)
-            mask_HC = ((positions >= torch.tensor(starts, device=positions.device)[:, None])
-                       & (positions < torch.tensor(ends, device=positions.device)[:, None]))
-            batch.targets[self.target] = RowTargets(list(hinted.rows), shift_scores(scores, starts, width), mask_HC)
+            batch.targets[self.target] = RowTargets.on_spans(list(hinted.rows), scores, starts, ends,
+                                                             batch.completion_ids_NC.size(1))
         ctx.lap("hinted_scoring")
         return {}
 
