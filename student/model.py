@@ -14,6 +14,7 @@ import transformers
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from student.experts import use_hintrl_gating
+from student.registry import Registry
 from student.tokenizer import ByteTokenizer
 
 
@@ -73,18 +74,12 @@ def _olmoe(cfg, tok):
                                     intermediate_size=cfg.expert_width)
 
 
-ARCHITECTURES: dict[str, Callable[[StudentConfig, ByteTokenizer], transformers.PretrainedConfig]] = {
-    "qwen3_moe": _qwen3_moe,
-    "qwen2_moe": _qwen2_moe,
-    "mixtral": _mixtral,
-    "olmoe": _olmoe,
-}
+# student.arch -> the family's transformers config from ours (student/registry.py)
+ARCHITECTURES: Registry[Callable[[StudentConfig, ByteTokenizer], transformers.PretrainedConfig]] = Registry(
+    "student.arch", {"qwen3_moe": _qwen3_moe, "qwen2_moe": _qwen2_moe, "mixtral": _mixtral, "olmoe": _olmoe})
 
 
 def model_config(cfg: StudentConfig, tok: ByteTokenizer) -> transformers.PretrainedConfig:
-    if cfg.arch not in ARCHITECTURES:
-        raise ValueError(f"student.arch={cfg.arch!r} is not a known MoE family; "
-                         f"choose one of {sorted(ARCHITECTURES)}")
     return ARCHITECTURES[cfg.arch](cfg, tok)
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from student.registry import Registry
+
 
 @dataclass
 class HintRequest:
@@ -73,14 +75,13 @@ class Teacher(Protocol):
         ...
 
 
-TEACHERS: dict[str, Callable[[TeacherConfig], Teacher]] = {}
-
-
-def register_teacher(name: str):
-    def deco(factory):
-        TEACHERS[name] = factory
-        return factory
-    return deco
+# teacher.kind -> the class (student/registry.py): a new kind is its file and one line here
+TEACHERS: Registry[Callable[[TeacherConfig], Teacher]] = Registry("teacher.kind", {
+    "rule": "teacher.rule:RuleTeacher",
+    "dataset": "teacher.dataset:DatasetTeacher",
+    "hf": "teacher.hf:HFTeacher",
+    "openai": "teacher.openai_api:OpenAITeacher",
+})
 
 
 def message_text(message: dict) -> str:

@@ -12,7 +12,7 @@ rule, a shuffled hint (teacher/shuffled.py) would state the right rule and contr
 """
 from __future__ import annotations
 
-from teacher.base import Hint, HintRequest, TeacherConfig, register_teacher, target_index
+from teacher.base import Hint, HintRequest, TeacherConfig, target_index
 
 
 class DatasetTeacher:
@@ -27,5 +27,3 @@ class DatasetTeacher:
                          if texts and texts[0].strip() else None)
         return hints
 
-
-register_teacher("dataset")(DatasetTeacher)

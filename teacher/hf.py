@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from teacher.base import TeacherConfig, register_teacher
+from teacher.base import TeacherConfig
 from teacher.llm import ChatTeacher
 
 
@@ -245,5 +245,3 @@ class HFTeacher(ChatTeacher):
                                 cache=cache, use_cache=True).logits
         return replies
 
-
-register_teacher("hf")(HFTeacher)

@@ -43,7 +43,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from teacher.base import TeacherConfig, register_teacher
+from teacher.base import TeacherConfig
 from teacher.llm import ChatTeacher, NoReply
 
 # What a failed try raises: OSError covers refused and cut connections, timeouts and HTTP errors;
@@ -236,5 +236,3 @@ def _start_of_body(err: urllib.error.HTTPError) -> str:
     finally:
         err.close()
 
-
-register_teacher("openai")(OpenAITeacher)

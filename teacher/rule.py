@@ -17,7 +17,7 @@ every character of the reference but the last ("starts with 104" for 1047), what
 """
 from __future__ import annotations
 
-from teacher.base import Hint, HintRequest, TeacherConfig, message_text, register_teacher, target_index
+from teacher.base import Hint, HintRequest, TeacherConfig, message_text, target_index
 
 
 def first_mismatch(attempt: str, reference: str) -> int:
@@ -58,5 +58,3 @@ class RuleTeacher:
             hints.append(Hint(target, text[: self.cfg.max_hint_chars]) if text else None)
         return hints
 
-
-register_teacher("rule")(RuleTeacher)

@@ -25,7 +25,7 @@ def test_listing_hinted_runs_heldout_once():
     assert set(SUITES) == {"heldout", "hinted", "private", "behaviour", "reference_logprob"}
     assert suites_to_run(["heldout", "hinted", "behaviour", "heldout"]) == ["hinted", "behaviour"]
     assert suites_to_run(["heldout"]) == ["heldout"]
-    with pytest.raises(KeyError, match="unknown eval suite"):
+    with pytest.raises(KeyError, match="eval.suites='nope' is unknown; choose one of"):
         suites_to_run(["nope"])
 
 

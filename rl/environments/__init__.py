@@ -11,6 +11,5 @@ the task's verifier. `calculator` gives the policy a `calc` tool over multi-term
 Messages are OpenAI chat-completions dicts (student/tokenizer.py renders them).
 """
 from rl.environments.base import ENVIRONMENTS, Environment, Response, build_environment
-from rl.environments import answer as _answer, calculator as _calculator, chain as _chain  # noqa: F401  (register)
 
 __all__ = ["ENVIRONMENTS", "Environment", "Response", "build_environment"]

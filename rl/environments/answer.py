@@ -5,7 +5,7 @@ ends after its first message, and the verdict is the task's own (rl/tasks.py).
 """
 from __future__ import annotations
 
-from rl.environments.base import Response, register_environment
+from rl.environments.base import Response
 from rl.tasks import Problem, TaskSource, Verdict
 from student.tokenizer import assistant_text
 
@@ -35,5 +35,3 @@ class AnswerEnvironment:
     def demonstration(self, problem: Problem) -> list[dict]:
         return self.start(problem) + [{"role": "assistant", "content": problem.answer}]
 
-
-register_environment("answer")(AnswerEnvironment)

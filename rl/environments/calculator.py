@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import re
 
-from rl.environments.base import Response, assistant_messages, register_environment
+from rl.environments.base import Response, assistant_messages
 from rl.hidden_tool_rule import key_hint
 from rl.tasks import Problem, TaskSource, Verdict
 from student.tokenizer import assistant_text
@@ -167,5 +167,3 @@ class CalculatorEnvironment:
             messages.append({"role": "tool", "tool_call_id": call_id, "content": str(value)})
         return messages + [{"role": "assistant", "content": str(value)}]
 
-
-register_environment("calculator")(CalculatorEnvironment)

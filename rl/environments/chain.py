@@ -13,7 +13,7 @@ intermediate message is always visible (the calculator environment's tool hides 
 """
 from __future__ import annotations
 
-from rl.environments.base import Response, assistant_messages, register_environment
+from rl.environments.base import Response, assistant_messages
 from rl.environments.calculator import OPS, terms
 from rl.tasks import Problem, TaskSource, Verdict
 from student.tokenizer import assistant_text
@@ -74,5 +74,3 @@ class ChainEnvironment:
             messages.append({"role": "assistant", "content": value})
         return messages
 
-
-register_environment("chain")(ChainEnvironment)

@@ -13,13 +13,12 @@
 A suite names the problem sets it reads (`sets`) and turns one shard of a set into counts
 (`counts`: sums, so the ranks holding shards add them up); `report` turns every set's summed counts
 into metrics. `run_suites` does the sharding and summing: the trainer's periodic evaluation and
-rl/eval.py (the command line) both call it. A new suite is a file here with a class registered
-by `@register` (rl/evals/base.py), imported below.
+rl/eval.py (the command line) both call it. A new suite is a file here and one line in the registry,
+`SUITES` in rl/evals/base.py.
 
 Every set a suite reads is an eval set of the run: its prompts' hashes keep it out of training
 (rl/tasks.py, rl/contamination.py).
 """
-from rl.evals.base import SUITES, EvalContext, Suite, metrics_of, register, run_suites, suites_to_run
-from rl.evals import behaviour, heldout, hinted, private, reference_logprob  # noqa: F401  (register the suites)
+from rl.evals.base import SUITES, EvalContext, Suite, metrics_of, run_suites, suites_to_run
 
-__all__ = ["SUITES", "EvalContext", "Suite", "metrics_of", "register", "run_suites", "suites_to_run"]
+__all__ = ["SUITES", "EvalContext", "Suite", "metrics_of", "run_suites", "suites_to_run"]

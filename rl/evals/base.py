@@ -1,5 +1,5 @@
 """What an eval suite is (`Suite`: the sets it reads, counts per shard, the report), what it may use
-(`EvalContext`), the registry (`SUITES`, `@register`) and `run_suites`, which shards the sets over
+(`EvalContext`), the registry (`SUITES`) and `run_suites`, which shards the sets over
 ranks and sums the counts. The package's __init__ lists the suites."""
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from rl.environments import Environment
 from rl.tasks import Problem, TaskSource
 from student.policy import Policy
 from student.tokenizer import ByteTokenizer
+from student.registry import Registry
 from teacher import Teacher
 
 
@@ -46,19 +47,20 @@ class Suite:
         raise NotImplementedError
 
 
-SUITES: dict[str, type[Suite]] = {}
-
-
-def register(cls: type[Suite]) -> type[Suite]:
-    SUITES[cls.name] = cls
-    return cls
+# eval.suites -> the class (student/registry.py): a new suite is its file and one line here
+SUITES: Registry[type[Suite]] = Registry("eval.suites", {
+    "heldout": "rl.evals.heldout:HeldOut",
+    "hinted": "rl.evals.hinted:Hinted",
+    "private": "rl.evals.private:Private",
+    "behaviour": "rl.evals.behaviour:Behaviour",
+    "reference_logprob": "rl.evals.reference_logprob:ReferenceLogprob",
+})
 
 
 def suites_to_run(names: list[str]) -> list[str]:
     """The listed suites in order, without one whose metrics another listed suite reports too."""
-    unknown = [n for n in names if n not in SUITES]
-    if unknown:
-        raise KeyError(f"unknown eval suite(s) {unknown}; choose from {sorted(SUITES)}")
+    for name in names:
+        SUITES.check(name)
     names = list(dict.fromkeys(names))
     return [n for n in names if SUITES[n].subsumed_by not in names]
 

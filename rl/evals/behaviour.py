@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from rl.evals.base import EvalContext, Suite, register
+from rl.evals.base import EvalContext, Suite
 from rl.evaluate import evaluate
 
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:/\d+)?")
@@ -40,7 +40,6 @@ def echoes(answer: str, hint: str, prompt: str, reference: str) -> bool:
     return bool(foreign & {w.lower() for w in WORD.findall(answer)})
 
 
-@register
 class Behaviour(Suite):
     name = "behaviour"
     summary = "answer format, answer length, <eos> rate, hint text echoed into answers"

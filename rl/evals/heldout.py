@@ -4,11 +4,10 @@ The cheapest suite; `hinted` reports the same accuracy beside the teacher gap (l
 `hinted` only)."""
 from __future__ import annotations
 
-from rl.evals.base import EvalContext, Suite, register
+from rl.evals.base import EvalContext, Suite
 from rl.evaluate import evaluate
 
 
-@register
 class HeldOut(Suite):
     name = "heldout"
     summary = "greedy accuracy per difficulty bucket, no hints"

@@ -4,12 +4,11 @@ accuracy, hint rate and the teacher gap, overall and per bucket (rl/evaluate.py 
 The trainer's default periodic evaluation."""
 from __future__ import annotations
 
-from rl.evals.base import EvalContext, register
+from rl.evals.base import EvalContext
 from rl.evals.heldout import HeldOut
 from rl.evaluate import eval_metrics, evaluate
 
 
-@register
 class Hinted(HeldOut):
     """`heldout`'s sets, with the hinted retries and the self-teacher on top."""
     name = "hinted"

@@ -4,11 +4,9 @@ model cannot have seen (its hashes are refused by the training stream, rl/contam
 Answered as `heldout` answers (its counts), reported per set."""
 from __future__ import annotations
 
-from rl.evals.base import register
 from rl.evals.heldout import HeldOut
 
 
-@register
 class Private(HeldOut):
     name = "private"
     summary = "greedy accuracy on each private set of eval.private (e.g. mined problems)"

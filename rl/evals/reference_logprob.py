@@ -49,7 +49,7 @@ import torch
 
 from rl.contamination import prompt_hash
 from rl.episodes import Episodes
-from rl.evals.base import EvalContext, Suite, register
+from rl.evals.base import EvalContext, Suite
 from rl.tasks import Problem
 from rl.warmstart import right_pad, split_demonstration
 from student.policy import Sampling
@@ -104,7 +104,6 @@ def rates(c: dict[str, float], prefix: str, suffix: str = "") -> dict[str, float
     return out
 
 
-@register
 class ReferenceLogprob(Suite):
     name = "reference_logprob"
     summary = "log-prob of the reference answers, pass@k and sampled accuracy (eval.pass_k samples)"

@@ -6,8 +6,8 @@ The trainer runs every RL step as one pipeline over a `Batch` (rl/batch.py):
         policy.score(need=method.train_need(...)) -> method.loss(...) -> backward -> optimizer step
 
 A method is one file in rl/methods/ with a `Method` subclass and its `Config` dataclass (a subclass
-of `rl.config.MethodConfig`, whose keys every method shares); registering it in rl/methods/__init__.py makes
-it a `method.name`. `extend` may attach teacher targets to rows, add rows (their source, weight,
+of `rl.config.MethodConfig`, whose keys every method shares); one line in rl/methods/__init__.py's registry
+makes it a `method.name`. `extend` may attach teacher targets to rows, add rows (their source, weight,
 group and routes set), or do nothing; it must leave `batch.advantages_N` set for every row. `loss`
 sees one micro-batch and the step's normaliser (rl/losses.py) and returns additive terms.
 """
