@@ -138,7 +138,7 @@ def _hint_builder(trainer, problems, tok: ByteTokenizer):
     """SDPO's teacher-context builder, subclassed for per-attempt feedback: our rule teacher's hints."""
     from trl.experimental.sdpo.sdpo_trainer import SuccessfulRolloutTeacherContextBuilder
 
-    from rl.feedback import hint_failed_attempts
+    from rl.hints import hint_failed_attempts
     from rl.tasks import Verdict
     from teacher import LeakGuard, TeacherConfig, build_teacher
 

@@ -100,7 +100,7 @@ class Batch:
     transcripts: list | None = per_row(optional=True)   # rl.episodes.Transcript per row: its messages and their token spans
     # per step
     targets: dict[str, RowTargets] = field(default_factory=dict)   # renumbered by `select`
-    hinted: Any = None                   # rl.feedback.HintedRows of the step, if a teacher was asked
+    hinted: Any = None                   # rl.hints.HintedRows of the step, if a teacher was asked
     correction_gamma: float | None = None  # corrected_replay's Guide γ, fixed once per step (not per micro-batch)
 
     def __post_init__(self):
@@ -112,7 +112,7 @@ class Batch:
         return len(self.prompt_ids)
 
     def episodes(self) -> list[tuple[Any, list[int]]] | None:
-        """Each row's (transcript, completion ids), what targeting reads (rl/feedback.py)."""
+        """Each row's (transcript, completion ids), what targeting reads (rl/hints.py)."""
         if self.transcripts is None:
             return None
         return list(zip(self.transcripts, self.completion_ids_NC.tolist()))

@@ -45,7 +45,7 @@ import torch
 from rl.environments import Environment, build_environment
 from rl.environments.answer import AnswerEnvironment
 from rl.episodes import Episodes
-from rl.feedback import hint_failed_attempts
+from rl.hints import hint_failed_attempts
 from rl.methods.self_distill import teacher_context
 from rl.stats import bootstrap_interval, fmt_interval
 from rl.tasks import Problem, TaskSource

@@ -13,7 +13,7 @@ import string
 import torch
 
 from rl.environments import Environment
-from rl.feedback import request_for
+from rl.hints import request_for
 from rl.tasks import Problem, Verdict
 from student.tokenizer import ByteTokenizer, assistant_text
 from teacher import LeakGuard, Teacher

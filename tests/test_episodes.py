@@ -10,7 +10,7 @@ from rl.config import TaskConfig
 from rl.environments import build_environment
 from rl.environments.calculator import canonical, terms
 from rl.episodes import Episodes, Transcript, hinted_context, message_spans
-from rl.feedback import hint_failed_attempts
+from rl.hints import hint_failed_attempts
 from rl.tasks import Problem, TaskSource
 from rl.warmstart import demonstrations
 from student import ByteTokenizer, StudentConfig, build_student

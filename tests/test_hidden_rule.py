@@ -65,7 +65,7 @@ def test_verdicts_and_hints_state_the_convention_never_the_number():
     assert hint.endswith(f":{rule}") and not decoy.endswith(f":{rule}") and number not in hint + decoy
     assert LeakGuard().filter(hint, p.answer, p.prompt) == hint      # the leak guard keeps it: no answer in it
     # The dataset teacher hands out the hint, or under teacher.decoy the wrong rule.
-    from rl.feedback import request_for
+    from rl.hints import request_for
     request = request_for(p, number, tasks.verify(p, number))
     assert build_teacher(TeacherConfig(kind="dataset")).write_hints([request])[0].text == hint
     assert build_teacher(TeacherConfig(kind="dataset", decoy=True)).write_hints([request])[0].text == decoy

@@ -150,7 +150,7 @@ def test_a_run_trains_on_a_jsonl_file(tmp_path, tiny_overrides):
 
 
 def test_the_dataset_teacher_gives_the_problems_own_first_hint(tmp_path):
-    from rl.feedback import request_for
+    from rl.hints import request_for
     from rl.tasks import Verdict
     from teacher import TeacherConfig, build_teacher
 

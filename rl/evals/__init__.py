@@ -2,7 +2,7 @@
 
     heldout    greedy accuracy on each bucket's held-out set, no teacher         eval/accuracy[/<bucket>]
     hinted     + one retry with the teacher's hint, and the self-teacher's        eval/accuracy_hinted, hint_rate,
-               accuracy with it: the teacher gap (rl/evaluate.py)                 accuracy_with_hint, teacher_gap
+               accuracy with it: the teacher gap (rl/evals/greedy.py)                 accuracy_with_hint, teacher_gap
     private    greedy accuracy on each private set (`eval.private`, e.g. mined)   eval/private/<name>/accuracy
     behaviour  answer format, length, <eos> rate, hint text echoed in answers     eval/behaviour/*
     reference_logprob

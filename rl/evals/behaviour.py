@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 
 from rl.evals.base import EvalContext, Suite
-from rl.evaluate import evaluate
+from rl.evals.greedy import evaluate
 
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:/\d+)?")
 WORD = re.compile(r"[A-Za-z]{3,}")

@@ -5,7 +5,7 @@ The cheapest suite; `hinted` reports the same accuracy beside the teacher gap (l
 from __future__ import annotations
 
 from rl.evals.base import EvalContext, Suite
-from rl.evaluate import evaluate
+from rl.evals.greedy import evaluate
 
 
 class HeldOut(Suite):

@@ -1,12 +1,12 @@
 """`hinted`: the held-out problems answered plainly, then each failed one retried with the
 teacher's hint, and answered by the run's self-teacher with the hint in context: accuracy, hinted
-accuracy, hint rate and the teacher gap, overall and per bucket (rl/evaluate.py says what each is).
+accuracy, hint rate and the teacher gap, overall and per bucket (rl/evals/greedy.py says what each is).
 The trainer's default periodic evaluation."""
 from __future__ import annotations
 
 from rl.evals.base import EvalContext
 from rl.evals.heldout import HeldOut
-from rl.evaluate import eval_metrics, evaluate
+from rl.evals.greedy import eval_metrics, evaluate
 
 
 class Hinted(HeldOut):

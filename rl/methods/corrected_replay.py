@@ -38,7 +38,7 @@ import torch
 from rl.batch import Batch
 from rl.episodes import Episodes
 from rl.config import MethodConfig
-from rl.feedback import hint_failed_attempts
+from rl.hints import hint_failed_attempts
 from rl.losses import CORRECTION_WEIGHTS, corrected_trajectory_loss, group_advantages, guide_gamma, policy_gradient_loss
 from rl.methods.grpo import GRPO
 from student.policy import Routes, distinct_prompts, join_rows

@@ -1,6 +1,6 @@
 """GRPO plus on-policy distillation toward the hint-conditioned policy (targeted textual feedback).
 
-Stages it adds: a teacher writes a hint for every failed attempt (rl/feedback.py, leak-guarded);
+Stages it adds: a teacher writes a hint for every failed attempt (rl/hints.py, leak-guarded);
 the student's own sampled tokens are scored, without gradient, with the hint in the target
 message's context, by the self-teacher's weights (`teacher_weights`: the live student, an EMA of
 it, or its weights when RL began; rl/teacher_weights.py). Those scores are the teacher
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from rl.batch import RowTargets, cut_spans
-from rl.feedback import hint_failed_attempts
+from rl.hints import hint_failed_attempts
 from rl.methods.distill import Distilling, SelfTeacherConfig, score_teacher
 
 

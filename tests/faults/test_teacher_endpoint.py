@@ -19,7 +19,7 @@ import pytest
 
 from conftest import CHILD_PYTHONPATH, ROOT, TINY
 from rl.distributed import free_port
-from rl.feedback import hint_failed_attempts
+from rl.hints import hint_failed_attempts
 from rl.tasks import Problem, Verdict
 from student.tokenizer import ByteTokenizer
 from teacher import HintRequest, LeakGuard, TeacherConfig, build_teacher

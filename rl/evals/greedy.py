@@ -25,7 +25,7 @@ import torch
 from rl.environments import Environment
 from rl.environments.answer import AnswerEnvironment
 from rl.episodes import Episodes
-from rl.feedback import hint_failed_attempts
+from rl.hints import hint_failed_attempts
 from rl.tasks import Problem, TaskSource
 from student.policy import Policy, Sampling
 from student.tokenizer import ByteTokenizer
