@@ -12,13 +12,14 @@ report is cheap and never touches a device.
 from __future__ import annotations
 
 import glob
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import yaml
+
+from rl.runlog import is_run_folder, read_log
 
 ROLLOUT_COLUMNS = ["step", "prompt", "answer", "attempt", "reward", "feedback", "hint"]
 # Per-layer expert load: the share of routed slots each expert took, one key per
@@ -47,22 +48,18 @@ class Run:
         return node
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def load_run(path) -> Run:
     path = Path(path)
     metrics_path = path / "metrics.jsonl"
     if not metrics_path.is_file():
         raise FileNotFoundError(f"{path} is not a run folder: it has no metrics.jsonl")
-    records = _read_jsonl(metrics_path)
+    records = read_log(metrics_path)
     if not records:
         raise ValueError(f"{metrics_path} is empty: the run has not logged a step yet")
     # A step may be logged in more than one line (e.g. train metrics, then eval): merge them.
     metrics = pd.DataFrame(records).groupby("step").last().sort_index()
     rollouts_path = path / "rollouts.jsonl"
-    rollouts = (pd.DataFrame(_read_jsonl(rollouts_path)) if rollouts_path.is_file()
+    rollouts = (pd.DataFrame(read_log(rollouts_path)) if rollouts_path.is_file()
                 else pd.DataFrame(columns=ROLLOUT_COLUMNS))
     config_path = path / "config.yaml"
     config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
@@ -71,11 +68,11 @@ def load_run(path) -> Run:
 
 def _run_folders(path: Path) -> list[Path]:
     """A run folder is itself; any other folder stands for every run folder below it."""
-    if (path / "metrics.jsonl").is_file():
+    if is_run_folder(path):
         return [path]
     if not path.is_dir():
         raise FileNotFoundError(f"{path} does not exist")
-    found = sorted(p.parent for p in path.rglob("metrics.jsonl"))
+    found = sorted(p.parent for p in path.rglob("metrics.jsonl") if is_run_folder(p.parent))
     if not found:
         raise FileNotFoundError(f"{path} is not a run folder and holds none (no metrics.jsonl below it)")
     return found
@@ -179,7 +176,7 @@ def corrected_successes(run_dir, bucket_of) -> dict[str, tuple[int, int]]:
     """{bucket: (successes, sampled)} over the corrected rows a run logged (rollouts.jsonl rows
     with `source` = "corrected"); `bucket_of(prompt)` names a row's difficulty bucket."""
     counts: dict[str, list[int]] = {}
-    for row in _read_jsonl(Path(run_dir) / "rollouts.jsonl"):
+    for row in read_log(Path(run_dir) / "rollouts.jsonl"):
         if row.get("source") == "corrected":
             c = counts.setdefault(bucket_of(row["prompt"]), [0, 0])
             c[0] += row["reward"] == 1.0

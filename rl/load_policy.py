@@ -38,6 +38,7 @@ import torch
 from rl.checkpoint import MANIFEST, list_tags, verify
 from rl.config import RunConfig
 from rl.configure import load_config
+from rl.runlog import is_run_folder
 from student.tokenizer import ByteTokenizer
 
 EXPORT_CONFIG = "hintrl_config.yaml"      # the run's resolved config, written into an export folder
@@ -58,8 +59,6 @@ class Loaded:
     description: str              # what was loaded, from where, with which config
 
 
-def _is_run_dir(path: Path) -> bool:
-    return (path / "config.yaml").is_file() and ((path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file())
 
 
 def _is_export_dir(path: Path) -> bool:
@@ -161,7 +160,7 @@ def _export_config(path: Path, experiment, overrides) -> tuple[RunConfig, str]:
     if experiment is not None:
         return load_config(experiment, list(overrides)), f"experiment {experiment}"
     for parent in (path.parent, path.parent.parent):      # trainer.export_to, or RUN/exports/<tag>
-        if _is_run_dir(parent):
+        if is_run_folder(parent):
             return _run_config(parent, overrides), str(parent / "config.yaml")
     raise PolicyLoadError(f"{path}: an export folder without {EXPORT_CONFIG} (exported by an older hintrl) "
                           "and not inside a run folder; name the experiment folder it was trained with")
@@ -179,13 +178,13 @@ def load_policy(path: str | Path, experiment: str | Path | None = None, override
     if not path.is_dir():
         raise PolicyLoadError(f"{path}: no such folder")
     tok = ByteTokenizer()
-    if path.name == "checkpoints" and _is_run_dir(path.parent):
+    if path.name == "checkpoints" and is_run_folder(path.parent):
         path = path.parent
     checkpoint = _checkpoint_of(path)
     if _is_export_dir(path):
         cfg, config_from = _export_config(path, experiment, overrides)
         model_dir, what = path, f"export {path}"
-    elif checkpoint is not None or _is_run_dir(path):
+    elif checkpoint is not None or is_run_folder(path):
         run_dir, tag = checkpoint if checkpoint is not None else (path, None)
         cfg = _run_config(run_dir, overrides)
         config_from = str(run_dir / "config.yaml")

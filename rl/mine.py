@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rl.contamination import prompt_hash
+from rl.runlog import LogError, log_lines
 
 PROBLEMS_LOG = "problems.jsonl"
 ROLLOUTS_LOG = "rollouts.jsonl"
@@ -115,25 +116,12 @@ class Seen:
 
 # ---------------------------------------------------------------------- reading the logs
 def _json_lines(path: Path):
-    """(line number, object) of each line; a cut-short last line (a run killed mid-write) is
-    skipped, any other line that is not a JSON object is an error."""
+    """(line number, object) of each line (rl/runlog.py: a cut-short last line is skipped, any
+    other line that is not a JSON object is an error)."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise MineError(f"{path}: cannot read it ({getattr(err, 'strerror', None) or err})") from None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            if number == len(lines):
-                print(f"[mine] {path}:{number}: a cut-short last line, skipped", file=sys.stderr)
-                break
-            raise MineError(f"{path}:{number}: not JSON ({err.msg} at column {err.colno})") from None
-        if not isinstance(record, dict):
-            raise MineError(f"{path}:{number}: not a JSON object")
-        yield number, record
+        yield from log_lines(path)
+    except LogError as err:
+        raise MineError(str(err)) from None
 
 
 def _need(record: dict, key: str, kind, where: str):

@@ -18,9 +18,47 @@ import json
 import os
 from pathlib import Path
 
-from torch.utils.tensorboard import SummaryWriter
-
 from rl import failpoints
+
+
+class LogError(ValueError):
+    """A run log line that is neither a JSON object nor the cut-short last line."""
+
+
+def log_lines(path: Path):
+    """(line number, object) of each line of a JSON-lines log of the run folder (metrics.jsonl,
+    rollouts.jsonl, problems.jsonl), in order. Every reader of these logs reads them here, so all
+    agree: a cut-short last line (the one being written, or a run killed mid-write) is skipped,
+    any other line that is not a JSON object raises LogError naming the file and line, blank
+    lines are ignored, and a missing file has no lines."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return
+    except (OSError, UnicodeDecodeError) as err:
+        raise LogError(f"{path}: cannot read it ({getattr(err, 'strerror', None) or err})") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            if number == len(lines):
+                return
+            raise LogError(f"{path}:{number}: not JSON ({err.msg} at column {err.colno})") from None
+        if not isinstance(record, dict):
+            raise LogError(f"{path}:{number}: not a JSON object")
+        yield number, record
+
+
+def read_log(path: Path) -> list[dict]:
+    """The objects of a run log (log_lines says what is skipped and what is an error)."""
+    return [record for _, record in log_lines(path)]
+
+
+def is_run_folder(path: Path) -> bool:
+    """A folder the trainer wrote: its resolved config and its metrics or checkpoints."""
+    return (path / "config.yaml").is_file() and ((path / "metrics.jsonl").is_file() or (path / "checkpoints").is_dir())
 
 
 def _truncate_jsonl(path: Path, last_step: int) -> None:
@@ -56,6 +94,7 @@ class RunLogger:
         if resume_step is not None:
             for path in (self.metrics_path, self.rollouts_path, self.problems_path):
                 _truncate_jsonl(path, resume_step)
+        from torch.utils.tensorboard import SummaryWriter   # here: the log readers above stay light (rl/runs.py)
         self.tb = SummaryWriter(str(run_dir), purge_step=None if resume_step is None else resume_step + 1)
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:

@@ -66,6 +66,8 @@ from pathlib import Path
 
 import yaml
 
+from rl.runlog import read_log
+
 LOG, PID, EXIT = "train.log", "run.pid", "exit.json"
 STATES = ("running", "finished", "failed", "killed", "unknown")
 HEADER = "== rl.runs launch "
@@ -166,20 +168,8 @@ def _read_json(path: Path) -> dict | None:
 
 
 def _metrics(run_dir: Path) -> list[dict]:
-    """metrics.jsonl's rows; a line cut short (the one being written) is skipped."""
-    try:
-        text = (run_dir / "metrics.jsonl").read_text()
-    except OSError:
-        return []
-    rows = []
-    for line in text.splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("step"), int):
-            rows.append(row)
-    return rows
+    """metrics.jsonl's rows with a step (rl/runlog.py: a line cut short, the one being written, is skipped)."""
+    return [row for row in read_log(run_dir / "metrics.jsonl") if isinstance(row.get("step"), int)]
 
 
 def _config(run_dir: Path) -> dict:

@@ -68,6 +68,7 @@ from tqdm import tqdm
 from rl.config import ConfigError, to_yaml
 from rl.configure import load_config
 from rl.contamination import set_digest
+from rl.runlog import read_log
 from rl.stats import paired_difference, spread
 from rl.study_tables import BEGIN, END, OVERVIEW_BEGIN, OVERVIEW_END, overview, plot, results_markdown, write_readme
 
@@ -205,8 +206,7 @@ def _arm(path: Path, name: str, arm, all_seeds: list[int]) -> Arm:
 
 # ---------------------------------------------------------------------------------------- running
 def metrics_of(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    return read_log(run_dir / "metrics.jsonl")
 
 
 def finished(run_dir: Path, steps: int) -> bool:
