@@ -33,20 +33,18 @@ def evaluate_model(model: str | Path, suites: list[str] | None = None, experimen
     """The report (see the module docstring) of `model` on `suites` (default: its config's)."""
     import torch
 
+    from rl.assembly import run_parts
     from rl.contamination import prompt_hash, set_digest
-    from rl.environments import build_environment
     from rl.evals import EvalContext, run_suites, suites_to_run
     from rl.load_policy import load_policy
-    from rl.tasks import TaskSource
-    from teacher import build_teacher
 
     overrides = list(overrides) + ([f"eval.suites=[{','.join(suites)}]"] if suites else [])
     loaded = load_policy(model, experiment, overrides)
     cfg = loaded.cfg
     torch.manual_seed(cfg.seed)
-    tasks = TaskSource(cfg.task, cfg.seed, cfg.eval)
-    ctx = EvalContext(policy=loaded.policy, tasks=tasks, teacher=build_teacher(cfg.teacher), tok=loaded.tok,
-                      env=build_environment(cfg.task.environment, tasks), max_new_tokens=cfg.rollout.max_new_tokens,
+    parts = run_parts(cfg, loaded.tok)
+    ctx = EvalContext(policy=loaded.policy, tasks=parts.tasks, teacher=parts.teacher, tok=parts.tok,
+                      env=parts.env, max_new_tokens=cfg.rollout.max_new_tokens,
                       max_turns=cfg.rollout.max_turns, temperature=cfg.rollout.temperature, pass_k=cfg.eval.pass_k,
                       seed=cfg.seed)
     report = {"model": str(model), "loaded": loaded.description, "suites": {}}

@@ -274,19 +274,15 @@ def remeasure(records: list[dict], loaded, samples: int, seed: int = 0, batch_ro
     import torch
     from tqdm import tqdm
 
-    from rl.environments import build_environment
+    from rl.assembly import run_parts
     from rl.episodes import Episodes
-    from rl.tasks import Problem, TaskSource
-    from student.policy import Sampling
+    from rl.tasks import Problem
 
     if not records:
         return
     cfg, tok = loaded.cfg, loaded.tok
-    tasks = TaskSource(cfg.task, cfg.seed)
-    env = build_environment(cfg.task.environment, tasks)
-    ro = cfg.rollout
-    sampling = Sampling(max_new_tokens=ro.max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id,
-                        temperature=ro.temperature)
+    parts = run_parts(cfg, tok)
+    tasks, env, sampling, ro = parts.tasks, parts.env, parts.sampling, cfg.rollout
     # A problem of a bucket is scored by that bucket's verifier. One drawn from a problem file
     # (task.files) carries its task entry, which the task's verifier scores as the file source
     # itself does (rl/jsonl_task.py::FileDataset); so does any problem of a bucket this config lacks.

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from rl.environments import Environment, build_environment
+from rl.environments import Environment
 from rl.environments.answer import AnswerEnvironment
 from rl.episodes import Episodes
 from rl.hints import hint_failed_attempts
@@ -123,24 +123,21 @@ def teacher_gap(run_dir: str | Path, step: int | None = None, attempts: int = 8,
     `overrides` change the run's config for the measurement, e.g. ["teacher.reveal=all_but_last"]."""
     from transformers import AutoModelForCausalLM
 
+    from rl.assembly import run_parts
     from rl.configure import load_config
     from rl.export import export
     from student.build import build_policy
-    from teacher import build_teacher
 
     cfg = load_config(run_dir, list(overrides))
-    tok, tasks = ByteTokenizer(), TaskSource(cfg.task, cfg.seed)
+    parts = run_parts(cfg)
+    tok = parts.tok
     with tempfile.TemporaryDirectory() as folder:
         model = AutoModelForCausalLM.from_pretrained(export(run_dir, folder, step), dtype=torch.float32)
     policy = build_policy(model.eval(), pad_id=tok.pad_id, banned_ids=tok.never_sampled)
-    sampling = Sampling(max_new_tokens=cfg.rollout.max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id,
-                        temperature=cfg.rollout.temperature)
-    teacher = build_teacher(cfg.teacher)
-    env = build_environment(cfg.task.environment, tasks)
     torch.manual_seed(seed)
-    return {bucket: measure(policy, problems, tasks, teacher, tok, sampling, attempts, kinds, env,
-                            cfg.rollout.max_turns)
-            for bucket, problems in tasks.eval_by_bucket.items()}
+    return {bucket: measure(policy, problems, parts.tasks, parts.teacher, tok, parts.sampling, attempts, kinds,
+                            parts.env, cfg.rollout.max_turns)
+            for bucket, problems in parts.tasks.eval_by_bucket.items()}
 
 
 def table(gap: dict) -> str:

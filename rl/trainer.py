@@ -21,7 +21,6 @@ over ranks; rank 0 writes the run folder.
 """
 from __future__ import annotations
 
-import dataclasses
 import errno
 import hashlib
 import os
@@ -34,12 +33,12 @@ import torch
 from tqdm import tqdm
 
 from rl import checkpoint
+from rl.assembly import run_parts
 from rl.batch import Batch, micro_batches
 from rl.budget import Budget, Metered
 from rl.config import RunConfig, to_yaml
 from rl import distributed as dist
 from rl.engine import build_engine, call_through
-from rl.environments import build_environment
 from rl.episodes import Episodes
 from rl.contamination import prompt_hash
 from rl.evals import EvalContext, metrics_of, run_suites
@@ -47,13 +46,12 @@ from rl.losses import group_advantages, normaliser, sft_loss
 from rl.methods import StepContext, get_method
 from rl.rollout_model import RolloutModel
 from rl.runlog import RunLogger
-from rl.tasks import TaskSource
 from rl.teacher_weights import TeacherWeights
 from rl.warmstart import demonstrations, right_pad
-from student import ByteTokenizer, build_student, count_parameters
+from student import build_student, count_parameters
 from student.build import build_policy
-from student.policy import Sampling, left_pad
-from teacher import LeakGuard, build_teacher
+from student.policy import left_pad
+from teacher import LeakGuard
 
 
 class NonFiniteLossError(RuntimeError):
@@ -79,13 +77,10 @@ class Trainer:
         torch.set_num_threads(cfg.trainer.threads or max(1, (os.cpu_count() or 1) // world))
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        self.tok = ByteTokenizer()
-        self.tasks = TaskSource(cfg.task, cfg.seed, cfg.eval)
-        self.env = build_environment(cfg.task.environment, self.tasks)
-        self.teacher = build_teacher(cfg.teacher)
-        ws_kind = cfg.warmstart.teacher or cfg.teacher.kind
-        self.warmstart_teacher = (self.teacher if ws_kind == cfg.teacher.kind or cfg.warmstart.steps == 0
-                                  else build_teacher(dataclasses.replace(cfg.teacher, kind=ws_kind)))
+        parts = run_parts(cfg)
+        self.tok, self.tasks, self.env, self.teacher, self.sampling = (parts.tok, parts.tasks, parts.env,
+                                                                       parts.teacher, parts.sampling)
+        self.warmstart_teacher = parts.warmstart_teacher(cfg)
         self.guard = LeakGuard()
         self.method = get_method(cfg.method.name)(cfg.method)
         self.engine, _, self.scheduler = build_engine(lambda: build_student(cfg.student, self.tok), cfg)
@@ -107,8 +102,6 @@ class Trainer:
             lambda module: build_policy(module, lean=cfg.student.lean_forward, pad_id=self.tok.pad_id,
                                         banned_ids=self.tok.never_sampled), self.policy)
         self.budget = Budget()
-        self.sampling = Sampling(max_new_tokens=cfg.rollout.max_new_tokens, eos_id=self.tok.eos_id,
-                                 pad_id=self.tok.pad_id, temperature=cfg.rollout.temperature)
         self.ckpt_dir = run_dir / "checkpoints"
         self.step, self.nonfinite_streak, resume_step = 0, 0, None
         restored = checkpoint.load(self.engine, self.ckpt_dir, self.rng) if cfg.resume else None
