@@ -22,8 +22,8 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from omegaconf.nodes import BooleanNode
 
 from rl.config import ConfigError, MethodConfig, RunConfig
-from student.model import ARCHITECTURES, StudentConfig
-from teacher.base import TEACHERS, TeacherConfig
+from student.model import ARCHITECTURES
+from teacher.base import TEACHERS
 from teacher.prompt import PromptTemplate
 
 
@@ -189,12 +189,11 @@ def validate(cfg: RunConfig) -> None:
     for key, valid in type(cfg.method).CHOICES.items():
         _choice(getattr(cfg.method, key), set(valid), f"method.{key}")
     _choice(cfg.student.arch, ARCHITECTURES, "student.arch")
-    _validate_student(cfg.student)
+    _own_checks(cfg.student)
     _choice(cfg.teacher.kind, TEACHERS, "teacher.kind")
     if cfg.warmstart.teacher:
         _choice(cfg.warmstart.teacher, TEACHERS, "warmstart.teacher")
-    _choice(cfg.teacher.reveal, {"mismatch", "all_but_last"}, "teacher.reveal")
-    _validate_teacher(cfg.teacher)
+    _own_checks(cfg.teacher)
     _choice(cfg.rollout.engine, {"local", "vllm"}, "rollout.engine")
     _choice(cfg.warmstart.decay, {"none", "cosine", "linear"}, "warmstart.decay")
     if cfg.rollout.vllm.cpus and not re.fullmatch(r"\d+(-\d+(:\d+)?)?(,\d+(-\d+(:\d+)?)?)*", cfg.rollout.vllm.cpus):
@@ -221,9 +220,7 @@ def validate(cfg: RunConfig) -> None:
     if cfg.trainer.steps > 0 and cfg.rollout.attempts_per_prompt < 2:
         raise ConfigError(f"rollout.attempts_per_prompt={cfg.rollout.attempts_per_prompt}: group-relative "
                           "advantages need at least 2 attempts per prompt")
-    problems = cfg.method.check()
-    if problems:
-        raise ConfigError("; ".join(problems))
+    _own_checks(cfg.method)
     _validate_scale(cfg)
 
 
@@ -258,9 +255,6 @@ RANGES: tuple[tuple[str, Any, str], ...] = (
     ("launcher.master_port", lambda v: 0 <= v <= 65535, "a port in [0, 65535] (0 = a free one)"),
 )
 
-# Names torch takes for a floating-point dtype (student/model.py: getattr(torch, student.dtype)).
-STUDENT_DTYPES = ("float32", "float", "bfloat16", "float16", "half", "float64", "double")
-
 
 def _get(cfg: RunConfig, key: str) -> Any:
     for name in key.split("."):
@@ -288,41 +282,11 @@ def _validate_numbers(cfg: RunConfig) -> None:
             raise ConfigError(f"{key}={value} is out of range (a 64-bit integer)")
 
 
-def _validate_student(s: StudentConfig) -> None:
-    from transformers.integrations.moe import ExpertsInterface
-
-    _choice(s.dtype, STUDENT_DTYPES, "student.dtype")
-    _choice(s.experts_implementation, {"eager", *ExpertsInterface._global_mapping}, "student.experts_implementation")
-    # Sizes are positive by now (RANGES); these combinations fail at the first forward otherwise.
-    if s.num_heads % s.num_kv_heads:
-        raise ConfigError(f"student.num_heads={s.num_heads} must be a multiple of student.num_kv_heads="
-                          f"{s.num_kv_heads} (each key/value head serves a group of query heads)")
-    if s.top_k > s.num_experts:
-        raise ConfigError(f"student.top_k={s.top_k} must be <= student.num_experts={s.num_experts}")
-    head_dim = s.hidden_size // s.num_heads
-    if head_dim < 2 or head_dim % 2:
-        raise ConfigError(f"student.hidden_size={s.hidden_size} / student.num_heads={s.num_heads} gives heads of "
-                          f"{head_dim} dimensions; rotary embeddings need an even number")
-    if s.arch == "olmoe" and s.hidden_size % s.num_heads:
-        raise ConfigError(f"student.hidden_size={s.hidden_size} must be a multiple of student.num_heads="
-                          f"{s.num_heads} for student.arch=olmoe")
-
-
-def _validate_teacher(t: TeacherConfig) -> None:
-    import torch
-
-    if t.decoy and t.kind != "dataset":
-        raise ConfigError(f"teacher.decoy=true is the dataset teacher's control (a task's decoy hints); "
-                          f"teacher.kind={t.kind!r} writes its own")
-    if t.kind == "hf" and not t.model:
-        raise ConfigError("teacher.kind=hf needs teacher.model (a Hugging Face folder or a .gguf file)")
-    if t.kind == "openai" and not (t.base_url and t.model):
-        raise ConfigError("teacher.kind=openai needs teacher.base_url (e.g. http://127.0.0.1:8000/v1) "
-                          "and teacher.model (the served name)")
-    try:
-        torch.device(t.device)
-    except (RuntimeError, ValueError, TypeError):
-        raise ConfigError(f"teacher.device={t.device!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
+def _own_checks(component) -> None:
+    """A component's config checks itself (its `check()`: the problems, each naming its key)."""
+    problems = component.check()
+    if problems:
+        raise ConfigError("; ".join(problems))
 
 
 def _validate_jsonl(cfg: RunConfig) -> None:

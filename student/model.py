@@ -39,6 +39,35 @@ class StudentConfig:
                                         # the lean forward computes attention itself, so it steps aside)
     dtype: str = "float32"
 
+    DTYPES = ("float32", "float", "bfloat16", "float16", "half", "float64", "double")
+
+    def check(self) -> list[str]:
+        """Problems beyond a key's type (sizes are checked positive by the config loader first):
+        combinations that would otherwise fail at the first forward. The family is the registry's
+        to check (ARCHITECTURES)."""
+        from transformers.integrations.moe import ExpertsInterface
+
+        problems = []
+        if self.dtype not in self.DTYPES:
+            problems.append(f"student.dtype={self.dtype!r} is not valid; choose one of {sorted(self.DTYPES)}")
+        implementations = {"eager", *ExpertsInterface._global_mapping}
+        if self.experts_implementation not in implementations:
+            problems.append(f"student.experts_implementation={self.experts_implementation!r} is not valid; "
+                            f"choose one of {sorted(implementations)}")
+        if self.num_heads % self.num_kv_heads:
+            problems.append(f"student.num_heads={self.num_heads} must be a multiple of student.num_kv_heads="
+                            f"{self.num_kv_heads} (each key/value head serves a group of query heads)")
+        if self.top_k > self.num_experts:
+            problems.append(f"student.top_k={self.top_k} must be <= student.num_experts={self.num_experts}")
+        head_dim = self.hidden_size // self.num_heads
+        if head_dim < 2 or head_dim % 2:
+            problems.append(f"student.hidden_size={self.hidden_size} / student.num_heads={self.num_heads} gives "
+                            f"heads of {head_dim} dimensions; rotary embeddings need an even number")
+        if self.arch == "olmoe" and self.hidden_size % self.num_heads:
+            problems.append(f"student.hidden_size={self.hidden_size} must be a multiple of student.num_heads="
+                            f"{self.num_heads} for student.arch=olmoe")
+        return problems
+
 
 def _common(cfg: StudentConfig, tok: ByteTokenizer) -> dict:
     return dict(

@@ -68,6 +68,27 @@ class TeacherConfig:
     backoff_s: float = 0.5        # openai: first backoff; doubles each retry
     cooldown_s: float = 30.0      # openai: after repeated failures, skip the endpoint this long
 
+    def check(self) -> list[str]:
+        """Problems beyond a key's type, each naming its key (the kind is the registry's to check)."""
+        import torch
+
+        problems = []
+        if self.reveal not in ("mismatch", "all_but_last"):
+            problems.append(f"teacher.reveal={self.reveal!r} is not valid; choose one of ['all_but_last', 'mismatch']")
+        if self.decoy and self.kind != "dataset":
+            problems.append(f"teacher.decoy=true is the dataset teacher's control (a task's decoy hints); "
+                            f"teacher.kind={self.kind!r} writes its own")
+        if self.kind == "hf" and not self.model:
+            problems.append("teacher.kind=hf needs teacher.model (a Hugging Face folder or a .gguf file)")
+        if self.kind == "openai" and not (self.base_url and self.model):
+            problems.append("teacher.kind=openai needs teacher.base_url (e.g. http://127.0.0.1:8000/v1) "
+                            "and teacher.model (the served name)")
+        try:
+            torch.device(self.device)
+        except (RuntimeError, ValueError, TypeError):
+            problems.append(f"teacher.device={self.device!r} is not a torch device (e.g. cpu, cuda, cuda:1)")
+        return problems
+
 
 class Teacher(Protocol):
     def write_hints(self, requests: list[HintRequest]) -> list[Hint | None]:
