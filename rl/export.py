@@ -45,6 +45,20 @@ def consolidated_state_dict(run_dir: Path, tag: str, zero_stage: int) -> dict[st
         return get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
 
 
+def load_checkpoint(model: torch.nn.Module, run_dir: Path, tag: str, zero_stage: int) -> None:
+    """Checkpoint `tag`'s weights into `model` (a student of the run's family and shape), cast to
+    its dtype: what an export holds, without writing one (rl/load_policy.py loads checkpoints so)."""
+    state = consolidated_state_dict(run_dir, tag, zero_stage)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # Tied output embeddings are stored once; anything else missing is a real mismatch.
+    missing = [k for k in missing if k not in getattr(model, "_tied_weights_keys", {}) and
+               not (model.config.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(f"{run_dir / 'checkpoints' / tag}: state does not fit the model; "
+                           f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model.tie_weights()
+
+
 def export(run_dir: str | Path, out_dir: str | Path, step: int | None = None) -> Path:
     from transformers import AutoModelForCausalLM
 
@@ -66,15 +80,7 @@ def export(run_dir: str | Path, out_dir: str | Path, step: int | None = None) ->
     else:
         hf_config = model_config(cfg.student, tok)
     model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
-    state = consolidated_state_dict(run_dir, tag, cfg.deepspeed.zero_stage)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    # Tied output embeddings are stored once; anything else missing is a real mismatch.
-    missing = [k for k in missing if k not in getattr(model, "_tied_weights_keys", {}) and
-               not (hf_config.tie_word_embeddings and k == "lm_head.weight")]
-    if missing or unexpected:
-        raise RuntimeError(f"{run_dir / 'checkpoints' / tag}: state does not fit the model; "
-                           f"missing {missing[:5]}, unexpected {unexpected[:5]}")
-    model.tie_weights()
+    load_checkpoint(model, run_dir, tag, cfg.deepspeed.zero_stage)
     model.to(getattr(torch, cfg.student.dtype))
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)

@@ -10,13 +10,12 @@ eval mode, the run's config, the byte tokenizer, the model, and one line saying 
 The config is the run's own resolved `config.yaml` for a run or checkpoint folder. For an export
 folder it is the `hintrl_config.yaml` rl/export.py writes beside the weights; an export without one
 (an older hintrl) takes the `experiment` folder it was trained with, or the config of the run folder
-it sits in (`trainer.export_to`, or this module's own cache). `overrides` ("key=value") go on top.
+it sits in (`trainer.export_to`). `overrides` ("key=value") go on top.
 
-A checkpoint is DeepSpeed's state; the model is built the way `student.checkpoint` builds it, from
-an export: the checkpoint is verified against its manifest (rl/checkpoint.py), exported once into
-`RUN/exports/step_NNNNNNN/` (rl.export.export; reused while it matches the checkpoint's manifest),
-and loaded from there with the run's student settings (`build_student`). So what is loaded here is
-exactly what `python -m rl.export` and `student.checkpoint=` give.
+A checkpoint is DeepSpeed's state, verified against its manifest (rl/checkpoint.py) and read
+straight into the run's student (`build_student`, then the consolidated weights at any ZeRO stage
+or with expert parallelism, rl.export.load_checkpoint): the weights `python -m rl.export` would
+write, without writing them.
 
 Every problem (no checkpoint, a checkpoint that does not verify, a folder that is none of the
 three, an export folder without a config) is a `PolicyLoadError` of one line naming the path.
@@ -24,26 +23,19 @@ three, an export folder without a config) is a `PolicyLoadError` of one line nam
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import os
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from rl.checkpoint import MANIFEST, list_tags, verify
+from rl.checkpoint import list_tags, verify
 from rl.config import RunConfig
 from rl.configure import load_config
 from rl.runlog import is_run_folder
 from student.tokenizer import ByteTokenizer
 
 EXPORT_CONFIG = "hintrl_config.yaml"      # the run's resolved config, written into an export folder
-EXPORTS = "exports"                       # the cache of exported checkpoints inside a run folder
-SOURCE = "hintrl_source.json"             # in a cached export: the checkpoint it came from
 
 
 class PolicyLoadError(ValueError):
@@ -78,10 +70,6 @@ def _run_config(run_dir: Path, overrides) -> RunConfig:
     return load_config(run_dir, list(overrides))
 
 
-def _manifest_digest(ckpt: Path) -> str:
-    return hashlib.sha256((ckpt / MANIFEST).read_bytes()).hexdigest()[:16]
-
-
 def _newest_verified(run_dir: Path) -> str:
     tags = list_tags(run_dir / "checkpoints")
     if not tags:
@@ -99,55 +87,24 @@ def _newest_verified(run_dir: Path) -> str:
                           + "; ".join(f"{tag}: {why}" for tag, why in problems))
 
 
-def cached_export(run_dir: Path, tag: str) -> Path:
-    """RUN/exports/<tag>: the checkpoint exported by rl.export (done once; again only when the
-    checkpoint's manifest changed, e.g. the step was saved anew). Written aside and renamed into
-    place, so a folder there is always whole."""
+def checkpoint_model(run_dir: Path, tag: str, cfg: RunConfig, tok: ByteTokenizer) -> torch.nn.Module:
+    """The run's student with checkpoint `tag`'s weights, read straight from the DeepSpeed state
+    (verified against its manifest first): the weights rl.export would write, without writing them."""
+    from rl.export import load_checkpoint
+    from student.model import build_student
+
     ckpt = run_dir / "checkpoints" / tag
     problem = verify(ckpt)
     if problem:
         raise PolicyLoadError(f"{ckpt}: does not verify: {problem}")
-    digest = _manifest_digest(ckpt)
-    out = run_dir / EXPORTS / tag
     try:
-        if json.loads((out / SOURCE).read_text()).get("manifest_sha256") == digest and _is_export_dir(out):
-            return out
-    except (OSError, ValueError):
-        pass
-    try:
-        out.parent.mkdir(exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".partial-{tag}-", dir=out.parent))
-    except OSError as err:                  # a run folder we may not write (someone else's runs)
-        tmp = Path(tempfile.mkdtemp(prefix=f"hintrl-export-{tag}-"))
-        print(f"[load_policy] cannot cache the export in {out.parent} ({err.strerror or err}); "
-              f"exporting to {tmp}, not kept", file=sys.stderr)
-        _export(run_dir, tmp, tag)
-        return tmp
-    try:
-        _export(run_dir, tmp, tag)
-        (tmp / SOURCE).write_text(json.dumps({"checkpoint": str(ckpt), "manifest_sha256": digest}) + "\n")
-        if out.exists():                    # a stale export of an earlier save of this step
-            stale = out.with_name(f".stale-{tag}-{os.getpid()}")
-            os.replace(out, stale)
-            shutil.rmtree(stale, ignore_errors=True)
-        try:
-            os.replace(tmp, out)
-        except OSError:
-            if not _is_export_dir(out):     # another process put its (equal) export there first
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
-
-
-def _export(run_dir: Path, out: Path, tag: str) -> None:
-    from rl.export import export
-
-    try:
-        export(run_dir, out, int(tag.split("_")[1]))
-    except (OSError, RuntimeError) as err:     # CheckpointError, UnsafeCheckpointError, a state that does not fit
+        with torch.random.fork_rng(devices=[]):      # its random initialisation is overwritten: leave the caller's RNG be
+            model = build_student(cfg.student, tok)
+        load_checkpoint(model, run_dir, tag, cfg.deepspeed.zero_stage)
+    except (OSError, RuntimeError, ValueError, KeyError) as err:  # CheckpointError, UnsafeCheckpointError, a misfit
         message = (str(err).splitlines() or [type(err).__name__])[0]
-        raise PolicyLoadError(f"{run_dir / 'checkpoints' / tag}: cannot export it ({message})") from None
+        raise PolicyLoadError(f"{ckpt}: cannot load it ({message})") from None
+    return model
 
 
 def _export_config(path: Path, experiment, overrides) -> tuple[RunConfig, str]:
@@ -159,7 +116,7 @@ def _export_config(path: Path, experiment, overrides) -> tuple[RunConfig, str]:
         return load_config(own, list(overrides)), str(own)
     if experiment is not None:
         return load_config(experiment, list(overrides)), f"experiment {experiment}"
-    for parent in (path.parent, path.parent.parent):      # trainer.export_to, or RUN/exports/<tag>
+    for parent in (path.parent, path.parent.parent):      # trainer.export_to, or RUN/exports/<tag> (an older cache)
         if is_run_folder(parent):
             return _run_config(parent, overrides), str(parent / "config.yaml")
     raise PolicyLoadError(f"{path}: an export folder without {EXPORT_CONFIG} (exported by an older hintrl) "
@@ -180,7 +137,7 @@ def load_policy(path: str | Path, experiment: str | Path | None = None, override
     tok = ByteTokenizer()
     if path.name == "checkpoints" and is_run_folder(path.parent):
         path = path.parent
-    checkpoint = _checkpoint_of(path)
+    checkpoint, model = _checkpoint_of(path), None
     if _is_export_dir(path):
         cfg, config_from = _export_config(path, experiment, overrides)
         model_dir, what = path, f"export {path}"
@@ -190,18 +147,19 @@ def load_policy(path: str | Path, experiment: str | Path | None = None, override
         config_from = str(run_dir / "config.yaml")
         if tag is None:
             tag = _newest_verified(run_dir)
-        model_dir = cached_export(run_dir, tag)
-        what = f"checkpoint {run_dir / 'checkpoints' / tag} (exported to {model_dir})"
+        model = checkpoint_model(run_dir, tag, cfg, tok)
+        model_dir, what = run_dir / "checkpoints" / tag, f"checkpoint {run_dir / 'checkpoints' / tag}"
     elif path.parent.name == "checkpoints":
         raise PolicyLoadError(f"{path}: not a complete checkpoint (a save that did not finish, or one moved aside)")
     else:
         raise PolicyLoadError(f"{path}: not a run folder (config.yaml + checkpoints/), a checkpoint folder "
                               "(RUN/checkpoints/step_NNNNNNN) or an export folder (config.json)")
-    try:
-        model = build_student(dataclasses.replace(cfg.student, checkpoint=str(model_dir)), tok)
-    except (OSError, ValueError, KeyError) as err:
-        message = (str(err).splitlines() or [type(err).__name__])[0]
-        raise PolicyLoadError(f"{model_dir}: cannot load the model ({message})") from None
+    if model is None:
+        try:
+            model = build_student(dataclasses.replace(cfg.student, checkpoint=str(model_dir)), tok)
+        except (OSError, ValueError, KeyError) as err:
+            message = (str(err).splitlines() or [type(err).__name__])[0]
+            raise PolicyLoadError(f"{model_dir}: cannot load the model ({message})") from None
     vocab = getattr(model.config, "vocab_size", None)
     if vocab != tok.vocab_size:
         raise PolicyLoadError(f"{model_dir}: a model of {vocab} tokens; a hintrl student has the byte "

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -121,22 +120,17 @@ def teacher_gap(run_dir: str | Path, step: int | None = None, attempts: int = 8,
                 kinds=KINDS, overrides: list[str] = ()) -> dict:
     """The gap of the run's checkpoint (newest, or `step`), per bucket: {bucket: {kind: {...}}}.
     `overrides` change the run's config for the measurement, e.g. ["teacher.reveal=all_but_last"]."""
-    from transformers import AutoModelForCausalLM
-
     from rl.assembly import run_parts
-    from rl.configure import load_config
-    from rl.export import export
-    from student.build import build_policy
+    from rl.load_policy import load_policy
 
-    cfg = load_config(run_dir, list(overrides))
-    parts = run_parts(cfg)
-    tok = parts.tok
-    with tempfile.TemporaryDirectory() as folder:
-        model = AutoModelForCausalLM.from_pretrained(export(run_dir, folder, step), dtype=torch.float32)
-    policy = build_policy(model.eval(), pad_id=tok.pad_id, banned_ids=tok.never_sampled)
+    run_dir = Path(run_dir)
+    loaded = load_policy(run_dir if step is None else run_dir / "checkpoints" / f"step_{step:07d}",
+                         overrides=overrides, device="cpu")
+    cfg = loaded.cfg
+    parts = run_parts(cfg, loaded.tok)
     torch.manual_seed(seed)
-    return {bucket: measure(policy, problems, parts.tasks, parts.teacher, tok, parts.sampling, attempts, kinds,
-                            parts.env, cfg.rollout.max_turns)
+    return {bucket: measure(loaded.policy, problems, parts.tasks, parts.teacher, parts.tok, parts.sampling, attempts,
+                            kinds, parts.env, cfg.rollout.max_turns)
             for bucket, problems in parts.tasks.eval_by_bucket.items()}
 
 
@@ -169,7 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--out", default=None, help="write the result as JSON here")
     args = parser.parse_args(argv)
-    gap = teacher_gap(args.run_dir, args.step, args.attempts, args.seed, overrides=args.overrides)
+    from rl.load_policy import PolicyLoadError
+    try:
+        gap = teacher_gap(args.run_dir, args.step, args.attempts, args.seed, overrides=args.overrides)
+    except PolicyLoadError as err:
+        print(f"teacher_gap error: {err}", file=sys.stderr)
+        return 1
     if args.out:
         Path(args.out).write_text(json.dumps(gap, indent=1) + "\n")
     print(table(gap))
