@@ -35,19 +35,26 @@ HINTRL_HD bool ranks_before(double a, int ia, double b, int ib) {
   return a > b || (a == b && ia < ib);
 }
 
+// A row's softmax in two numbers: its max logit and sum_e exp(l_e - max), so p_e = exp(l_e - max) / denom.
+template <typename scalar_t, typename acc_t>
+HINTRL_HD void softmax_stats(const scalar_t* logits_E, int E, acc_t& mx, acc_t& denom) {
+  mx = cvt<acc_t>(logits_E[0]);
+  for (int e = 1; e < E; ++e) {
+    acc_t v = cvt<acc_t>(logits_E[e]);
+    mx = v > mx ? v : mx;
+  }
+  denom = 0;
+  for (int e = 0; e < E; ++e) denom += exp_acc(cvt<acc_t>(logits_E[e]) - mx);
+}
+
 // One token row of top-k gating: softmax(logits_E) in acc_t, then either select the top K experts or
 // take forced_K (router replay) as given; w_K are the probabilities at the chosen ids, renormalised
 // over the K slots when asked. O(K*E) selection needs no scratch memory, which matters on the GPU.
 template <typename scalar_t, typename acc_t>
 HINTRL_HD void topk_gating_row(const scalar_t* logits_E, int E, int K, bool renorm,
                                const int64_t* forced_K, acc_t* w_K, int64_t* ids_K) {
-  acc_t mx = cvt<acc_t>(logits_E[0]);
-  for (int e = 1; e < E; ++e) {
-    acc_t v = cvt<acc_t>(logits_E[e]);
-    mx = v > mx ? v : mx;
-  }
-  acc_t denom = 0;
-  for (int e = 0; e < E; ++e) denom += exp_acc(cvt<acc_t>(logits_E[e]) - mx);
+  acc_t mx, denom;
+  softmax_stats(logits_E, E, mx, denom);
   int prev = -1;
   acc_t prev_v = 0;
   for (int k = 0; k < K; ++k) {
@@ -90,13 +97,8 @@ HINTRL_HD acc_t prob_at(const scalar_t* logits_E, int E, int64_t id, acc_t mx, a
 template <typename scalar_t, typename acc_t>
 HINTRL_HD void topk_gating_backward_row(const acc_t* gw_K, const scalar_t* logits_E, const int64_t* ids_K,
                                         int E, int K, bool renorm, scalar_t* glogits_E) {
-  acc_t mx = cvt<acc_t>(logits_E[0]);
-  for (int e = 1; e < E; ++e) {
-    acc_t v = cvt<acc_t>(logits_E[e]);
-    mx = v > mx ? v : mx;
-  }
-  acc_t denom = 0;
-  for (int e = 0; e < E; ++e) denom += exp_acc(cvt<acc_t>(logits_E[e]) - mx);
+  acc_t mx, denom;
+  softmax_stats(logits_E, E, mx, denom);
   acc_t psum = 0, gw_dot_w = 0;
   for (int k = 0; k < K; ++k) psum += prob_at(logits_E, E, ids_K[k], mx, denom);
   if (renorm)

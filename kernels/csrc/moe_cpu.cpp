@@ -162,6 +162,27 @@ std::tuple<at::Tensor, at::Tensor> permute_cpu(const at::Tensor& x_TD, const at:
   return {xs_PD, pos_TK};
 }
 
+// out[t] = sum over token t's K slots of w[t, k] * src[pos[t, k]] (w = nullptr: weight 1), in acc_t;
+// slots with pos < 0 (dropped) add nothing. unpermute_combine's forward, and permute's backward.
+template <typename scalar_t, typename acc_t>
+void sum_slot_rows(const scalar_t* src_PD, const int64_t* pos_TK, const acc_t* w_TK, int64_t T, int64_t K,
+                   int64_t D, scalar_t* out_TD) {
+  at::parallel_for(0, T, rows_grain(D * K), [&](int64_t b, int64_t e) {
+    std::vector<acc_t> acc(D);
+    for (int64_t t = b; t < e; ++t) {
+      std::fill(acc.begin(), acc.end(), acc_t(0));
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t p = pos_TK[t * K + k];
+        if (p < 0) continue;
+        const acc_t wk = w_TK == nullptr ? acc_t(1) : w_TK[t * K + k];
+        const scalar_t* row = src_PD + p * D;
+        for (int64_t d = 0; d < D; ++d) acc[d] += wk * static_cast<acc_t>(row[d]);
+      }
+      for (int64_t d = 0; d < D; ++d) out_TD[t * D + d] = static_cast<scalar_t>(acc[d]);
+    }
+  });
+}
+
 at::Tensor permute_backward_cpu(const at::Tensor& grad_xs_PD, const at::Tensor& pos_TK) {
   check_cpu(grad_xs_PD, "permute_backward");
   check_ids(pos_TK, "permute_backward");
@@ -170,22 +191,8 @@ at::Tensor permute_backward_cpu(const at::Tensor& grad_xs_PD, const at::Tensor& 
   auto gx_TD = at::empty({T, D}, g.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, g.scalar_type(), "permute_backward_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    const scalar_t* gp = g.data_ptr<scalar_t>();
-    const int64_t* pp = pos.data_ptr<int64_t>();
-    scalar_t* out = gx_TD.data_ptr<scalar_t>();
-    at::parallel_for(0, T, rows_grain(D * K), [&](int64_t b, int64_t e) {
-      std::vector<acc_t> acc(D);
-      for (int64_t t = b; t < e; ++t) {
-        std::fill(acc.begin(), acc.end(), acc_t(0));
-        for (int64_t k = 0; k < K; ++k) {
-          const int64_t p = pp[t * K + k];
-          if (p < 0) continue;
-          const scalar_t* row = gp + p * D;
-          for (int64_t d = 0; d < D; ++d) acc[d] += static_cast<acc_t>(row[d]);
-        }
-        for (int64_t d = 0; d < D; ++d) out[t * D + d] = static_cast<scalar_t>(acc[d]);
-      }
-    });
+    sum_slot_rows<scalar_t, acc_t>(g.data_ptr<scalar_t>(), pos.data_ptr<int64_t>(), nullptr, T, K, D,
+                                   gx_TD.data_ptr<scalar_t>());
   });
   return gx_TD;
 }
@@ -201,24 +208,8 @@ at::Tensor unpermute_combine_cpu(const at::Tensor& ys_PD, const at::Tensor& pos_
   auto out_TD = at::empty({T, D}, ys.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, ys.scalar_type(), "unpermute_combine_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    const scalar_t* yp = ys.data_ptr<scalar_t>();
-    const int64_t* pp = pos.data_ptr<int64_t>();
-    const acc_t* wp = w.data_ptr<acc_t>();
-    scalar_t* out = out_TD.data_ptr<scalar_t>();
-    at::parallel_for(0, T, rows_grain(D * K), [&](int64_t b, int64_t e) {
-      std::vector<acc_t> acc(D);
-      for (int64_t t = b; t < e; ++t) {
-        std::fill(acc.begin(), acc.end(), acc_t(0));
-        for (int64_t k = 0; k < K; ++k) {
-          const int64_t p = pp[t * K + k];
-          if (p < 0) continue;
-          const acc_t wk = wp[t * K + k];
-          const scalar_t* row = yp + p * D;
-          for (int64_t d = 0; d < D; ++d) acc[d] += wk * static_cast<acc_t>(row[d]);
-        }
-        for (int64_t d = 0; d < D; ++d) out[t * D + d] = static_cast<scalar_t>(acc[d]);
-      }
-    });
+    sum_slot_rows<scalar_t, acc_t>(ys.data_ptr<scalar_t>(), pos.data_ptr<int64_t>(), w.data_ptr<acc_t>(), T, K, D,
+                                   out_TD.data_ptr<scalar_t>());
   });
   return out_TD;
 }
