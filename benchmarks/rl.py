@@ -69,7 +69,7 @@ STAGES = {"generation": "time/rollout_s", "verification": "time/verify_s", "teac
 # second table tells which.
 TOKENS = {"generated": "budget/generated_tokens", "scored": "budget/scored_tokens",
           "trained": "budget/trained_tokens"}
-# Issue 31: every method's step within 1.3x our grpo's.
+# Every method's step within 1.3x our grpo's: its extra stages may not cost more than that.
 STEP_VS_GRPO = 1.3
 
 
@@ -271,7 +271,7 @@ def targets(rows: dict) -> dict:
         if name != "grpo" and med("grpo") and med(name):
             out[f"{name}_step_vs_grpo"] = {"value": med(name) / med("grpo"), "target": f"<= {STEP_VS_GRPO}"}
     if med("self_distill"):
-        # Issue 31: the top-k scoring need not cost more than a forward; per token, against the
+        # The top-k scoring need not cost more than a forward; per token, against the
         # training forward (which keeps its activations for the backward).
         score, forward = per_kilotoken(rows["self_distill"])
         if score and forward:

@@ -2,9 +2,9 @@
 (or `scripts/bench.sh scoring_memory`).
 
 Teacher scoring (rl/methods/hint_distill.py) scores the student's own sampled tokens with the hint
-in context, without gradient. It used to return the whole (rows x tokens x vocabulary) fp32
-log-distribution whatever the estimator needed; the policy interface (student/policy.py) now
-computes what `need` asks for, projecting to the vocabulary in chunks of positions:
+in context, without gradient. Rather than the whole (rows x tokens x vocabulary) fp32
+log-distribution whatever the estimator needs, the policy interface (student/policy.py) computes
+what `need` asks for, projecting to the vocabulary in chunks of positions:
 
     full      the whole log-distribution (what every teacher scoring computed before)
     argmax    sampled token's log-prob + the teacher's argmax (sampled estimator, first-divergence span)

@@ -7,7 +7,7 @@ experiments/llm-teacher's prompt and settings (greedy, 16 new tokens):
 
     hf-plain          teacher.kind=hf teacher.prefix_cache=false teacher.batch_size=16, decoded
                       by transformers' generate: every prompt prefilled whole, 16 per call, every
-                      row decoded until the longest ends (the path before issue 21)
+                      row decoded until the longest ends (the baseline path)
     hf                teacher.kind=hf (defaults): the shared prompt prefix prefilled once and its KV
                       cache reused, a step's prompts in as few batches as batch_size allows, each
                       row leaving the batch when its reply ends

@@ -12,7 +12,7 @@ reported per bucket), and a training phase draws from them by weight (`task.mix`
 `warmstart.mix` for warm-start, e.g. the easy buckets only). Which bucket stream position c comes
 from is a pure function of (seed, c), so the one-integer cursor still resumes a run exactly. A
 held-out prompt of any bucket is skipped by every bucket's stream. Without buckets there is one,
-named "all", and the stream is the one it always was.
+named "all", streaming from the run's seed.
 """
 from __future__ import annotations
 

@@ -193,7 +193,7 @@ class Decoding:
             ...feed tok_N...
         return decoding.rollout(prompt_ids, routes)
 
-    Without turns this is the one-message loop it always was: a row is done at <eos>, and the mask
+    Without turns this is the one-message loop: a row is done at <eos>, and the mask
     marks every token up to it. With turns, rows being fed still draw their sample (one uniform
     each), so the random stream does not depend on which rows are being fed."""
 

@@ -148,7 +148,7 @@ def test_replies_are_fed_into_the_cache_masked_and_score_as_sampled():
 
 
 def test_the_one_message_case_is_the_plain_rollout(calculator):
-    """Today's tasks through the protocol (the `answer` environment): the same tokens, mask and
+    """One-message tasks through the protocol (the `answer` environment): the same tokens, mask and
     log-probs as a generation without turns."""
     tasks = TaskSource(TaskConfig(eval_size=4), seed=0)
     env = build_environment("answer", tasks)

@@ -5,7 +5,7 @@
     env.verify(problem, messages)  -> Verdict (reward, feedback, the first wrong message)
     env.demonstration(problem)     -> a correct episode (warm-start)
 
-`answer` (the default) is today's one-message task: the user's problem, one assistant answer,
+`answer` (the default) is the one-message task: the user's problem, one assistant answer,
 the task's verifier. `calculator` gives the policy a `calc` tool over multi-term arithmetic;
 `chain` asks for one partial result per message and checks each.
 Messages are OpenAI chat-completions dicts (student/tokenizer.py renders them).

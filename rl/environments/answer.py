@@ -1,6 +1,6 @@
 """The one-message environment: the user's problem, one assistant answer, the task's verifier.
 
-Today's tasks as the one-turn case of the protocol: nothing answers the assistant, so the episode
+The one-message tasks as the one-turn case of the protocol: nothing answers the assistant, so the episode
 ends after its first message, and the verdict is the task's own (rl/tasks.py).
 """
 from __future__ import annotations

@@ -11,8 +11,8 @@ token by `method.weight` (rl/losses.py::corrected_trajectory_loss, each with its
 
     guide  (default) r/(r+γ), r = π_θ(y_t|x) / π_old(y_t|x,h), γ = the batch's 90th-percentile r; no clip
     luffy  π_θ/(π_θ+`shape_gamma`), the behaviour probability taken as 1 (LUFFY, Critique-GRPO)
-    is     min(r, `is_clip`), detached: truncated IS (this method's weight before 2026-12-05; the
-           gradient vanishes on the tokens the hint supplies, which is why it learned nothing there)
+    is     min(r, `is_clip`), detached: truncated IS (its gradient vanishes on the tokens the hint
+           supplies, so it learns little there: tests/test_learning.py measures it beside the others)
     sft    1 on successful corrections: STaR's rationalization
 
 Routes: a corrected row's prompt is the rollout's own hint-free prompt, whose recorded routes are
