@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from rl.analysis import compare, eval_curve, load_run, load_runs, x_axis
+from rl.analysis import eval_curve, group_curves, load_run, load_runs, x_axis
 
 GEN, SCORED = "budget/generated_tokens_total", "budget/scored_tokens_total"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -49,7 +49,7 @@ def budget_runs(tmp_path):
 
 
 def old_compare(runs, key="eval/accuracy", group_by="method.name"):
-    """compare() as it was before the x axis, to check x="step" is unchanged."""
+    """group_curves() as it was before the x axis, to check x="step" is unchanged."""
     curves = [eval_curve(r, key).rename("value").to_frame().assign(group=str(r.config_value(group_by)))
               for r in runs if key in r.metrics]
     stats = pd.concat(curves).reset_index().groupby(["group", "step"])["value"].agg(["mean", "std", "count"])
@@ -95,14 +95,14 @@ def test_missing_x_key_names_the_run_and_what_it_has(tmp_path, budget_runs):
         eval_curve(run, x="budget/teacher_tokens_total")
     assert str(run.path) in str(err.value) and SCORED in str(err.value)
     with pytest.raises(KeyError, match=GEN):
-        compare([old], x=GEN)
+        group_curves([old], x=GEN)
     with pytest.raises(KeyError, match="eval/nothing"):        # the y key is still checked first
         eval_curve(run, "eval/nothing", x=GEN)
 
 
 def test_compare_on_a_budget_axis_averages_x_across_seeds(budget_runs):
     runs = load_runs([budget_runs])
-    stats = compare(runs, "eval/accuracy", x=GEN)
+    stats = group_curves(runs, "eval/accuracy", x=GEN)
     assert list(stats.columns) == ["mean", "std", "n", "x"]
     assert stats.index.names == ["group", "step"]
     grpo = stats.loc["grpo"]
@@ -113,18 +113,18 @@ def test_compare_on_a_budget_axis_averages_x_across_seeds(budget_runs):
     assert list(grpo["std"]) == pytest.approx([pd.Series(p).std() for p in ([0.1, 0.2], [0.3, 0.4], [0.5, 0.7])])
     hint = stats.loc["hint_distill"]
     assert list(hint["x"]) == [0, 150, 250] and list(hint["std"]) == [0, 0, 0]
-    assert list(compare(runs, x=SCORED).loc["hint_distill", "x"]) == [0, 120, 200]
+    assert list(group_curves(runs, x=SCORED).loc["hint_distill", "x"]) == [0, 120, 200]
     # The same statistics as per step; only the x column is added.
-    pd.testing.assert_frame_equal(stats.drop(columns="x"), compare(runs, "eval/accuracy"))
+    pd.testing.assert_frame_equal(stats.drop(columns="x"), group_curves(runs, "eval/accuracy"))
 
 
 def test_compare_by_step_is_unchanged(budget_runs):
     runs = load_runs([budget_runs])
     for key in ("eval/accuracy", "train/reward_mean"):
-        stats = compare(runs, key)
+        stats = group_curves(runs, key)
         assert list(stats.columns) == ["mean", "std", "n"]
         pd.testing.assert_frame_equal(stats, old_compare(runs, key))
-        pd.testing.assert_frame_equal(compare(runs, key, x="step"), stats)
+        pd.testing.assert_frame_equal(group_curves(runs, key, x="step"), stats)
 
 
 def executed_text(nb) -> str:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, TINY, run_cli
-from rl.analysis import compare, eval_curve, load_run, load_runs, steps_to_reach
+from rl.analysis import eval_curve, group_curves, load_run, load_runs, steps_to_reach
 from rl.report import execute_notebook
 
 NOTEBOOKS = ["analyze_run.ipynb", "compare_runs.ipynb"]
@@ -132,12 +132,12 @@ def test_curves_compare_and_steps_to_reach(runs_root):
     assert curve.index[0] == 0 and len(curve) >= 2 and curve.between(0, 1).all()
     assert steps_to_reach(a, 0.0) == 0                       # step 0 is an eval-only line
     assert steps_to_reach(a, 1.01) is None
-    stats = compare([a, b], "eval/accuracy")
+    stats = group_curves([a, b], "eval/accuracy")
     assert set(stats.index.get_level_values("group")) == {"grpo", "hint_distill"}
     assert (stats["n"] == 1).all() and (stats["std"] == 0).all()
     assert stats.loc[("grpo", curve.index[-1]), "mean"] == curve.iloc[-1]
     # Only hint_distill logs hint/rate: grpo is left out rather than plotted as zeros.
-    assert set(compare([a, b], "hint/rate").index.get_level_values("group")) == {"hint_distill"}
+    assert set(group_curves([a, b], "hint/rate").index.get_level_values("group")) == {"hint_distill"}
 
 
 @pytest.mark.slow
