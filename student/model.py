@@ -6,7 +6,9 @@ width) onto its own transformers config class, so an experiment switches family 
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -66,6 +68,40 @@ class StudentConfig:
         if self.arch == "olmoe" and self.hidden_size % self.num_heads:
             problems.append(f"student.hidden_size={self.hidden_size} must be a multiple of student.num_heads="
                             f"{self.num_heads} for student.arch=olmoe")
+        if self.checkpoint:
+            problems += self.checkpoint_problems()
+        return problems
+
+    # StudentConfig size knob -> the transformers config keys that hold it (the first present is read)
+    CHECKPOINT_KEYS = {"hidden_size": ("hidden_size",), "num_layers": ("num_hidden_layers",),
+                       "num_heads": ("num_attention_heads",), "num_kv_heads": ("num_key_value_heads",),
+                       "num_experts": ("num_experts", "num_local_experts"), "top_k": ("num_experts_per_tok",),
+                       "expert_width": ("moe_intermediate_size", "intermediate_size"),
+                       "max_positions": ("max_position_embeddings",)}
+
+    def checkpoint_problems(self) -> list[str]:
+        """A checkpoint brings its own family and shape (its config.json, read without the weights):
+        a size knob or `arch` set to something else than both the default and the checkpoint's
+        value would be silently ignored, so it is refused, and so is a family not registered."""
+        path = Path(self.checkpoint) / "config.json"
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            return [f"student.checkpoint={self.checkpoint!r}: no readable config.json ({err})"]
+        problems, defaults = [], StudentConfig()
+        family = config.get("model_type")
+        if family not in ARCHITECTURES:
+            problems.append(f"student.checkpoint={self.checkpoint!r} is a {family!r} model; a student is one of "
+                            f"the registered MoE families {ARCHITECTURES.names()}")
+        elif self.arch not in (defaults.arch, family):
+            problems.append(f"student.arch={self.arch} but student.checkpoint is a {family} model; "
+                            "remove student.arch (the checkpoint sets it)")
+        for knob, keys in self.CHECKPOINT_KEYS.items():
+            theirs = next((config[k] for k in keys if k in config), None)
+            ours = getattr(self, knob)
+            if theirs is not None and ours not in (getattr(defaults, knob), theirs):
+                problems.append(f"student.{knob}={ours} but the checkpoint's {keys[0]} is {theirs}; remove "
+                                f"student.{knob} (student.checkpoint brings its own size)")
         return problems
 
 

@@ -168,3 +168,27 @@ def test_the_chained_stages_load(tmp_path):
     assert (small.experiment, small.method.name, small.student.hidden_size) == ("model-chain-small", "teacher_distill", 128)
     with pytest.raises(ConfigError, match="method.teacher_path is required"):
         load_config(ROOT / "experiments" / "model-chain" / "small")
+
+
+def test_a_checkpoint_brings_its_own_shape_and_a_contradicting_knob_is_refused(tmp_path):
+    """student.checkpoint's config.json sets the family and the sizes: a knob set to another value
+    is refused by name, one equal to the checkpoint's (a run re-trained from its own export) is not."""
+    import json
+
+    from rl.config import ConfigError
+    from rl.configure import load_config
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2,
+                                                    "num_local_experts": 4, "intermediate_size": 32}))
+    load_config(None, [f"student.checkpoint={folder}", "student.hidden_size=64", "student.num_layers=2"])
+    with pytest.raises(ConfigError, match=r"student.hidden_size=96 but the checkpoint's hidden_size is 64"):
+        load_config(None, [f"student.checkpoint={folder}", "student.hidden_size=96"])
+    with pytest.raises(ConfigError, match=r"student.arch=olmoe but student.checkpoint is a mixtral model"):
+        load_config(None, [f"student.checkpoint={folder}", "student.arch=olmoe"])
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    with pytest.raises(ConfigError, match=r"is a 'llama' model; a student is one of the registered MoE families"):
+        load_config(None, [f"student.checkpoint={folder}"])
+    with pytest.raises(ConfigError, match=r"no readable config.json"):
+        load_config(None, [f"student.checkpoint={tmp_path / 'absent'}"])
