@@ -6,7 +6,10 @@ router), transformers "eager" and transformers "grouped_mm". Separately times th
 alone (gating, counts, permute, unpermute-combine; expert GEMMs replaced by identity) for ours
 and for the same steps as transformers' grouped_mm path writes them. Each implementation runs in its
 own subprocess so peak memory (CUDA: max allocated; CPU: peak RSS above the resident weights) is
-its own. Writes benchmarks/results/moe-<device>.json and .md.
+its own. Writes benchmarks/results/moe-<device>.json and .md (or into --out), again after every row, so
+a run stopped by a time limit keeps every row it measured. `--profile` adds, per layer row, where
+its forward + backward spends its time: torch.profiler's per-operator self time (CUDA kernels on a
+GPU), the top operators in the row and the whole table in moe-<device>-profile-<shape>-<impl>.txt.
 
 Shape legend: T tokens, D hidden, E experts, K top-k, F expert width.
 """
@@ -27,7 +30,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SHAPES = {  # name: (D, E, K, F, T on cpu, T on cuda)
     "small": (256, 16, 2, 128, 1024, 8192),
     "qwen3-30b-a3b": (2048, 128, 8, 768, 512, 16384),
+    "tiny": (32, 4, 2, 16, 64, 64),           # seconds: for checking the harness, not a measurement
 }
+PROFILE_TOP = 8                               # operators kept in a row's profile summary
 IMPLS = ("hintrl", "grouped_mm", "eager")
 
 
@@ -71,7 +76,7 @@ def _time(fn, device, iters, warmup=1):
     return min(times)  # least-disturbed run: the CPU is shared with other jobs
 
 
-def run_layer(shape: str, impl: str, device: str, dtype: torch.dtype, iters: int) -> dict:
+def run_layer(shape: str, impl: str, device: str, dtype: torch.dtype, iters: int, profile: Path | None = None) -> dict:
     D, E, K, F, t_cpu, t_cuda = SHAPES[shape]
     T = t_cuda if device == "cuda" else t_cpu
     cfg, block = _block(D, E, K, F, device, dtype)
@@ -96,8 +101,28 @@ def run_layer(shape: str, impl: str, device: str, dtype: torch.dtype, iters: int
     sec = _time(step, device, iters, warmup=0 if (impl == "eager" and device == "cpu") else 1)
     peak = (torch.cuda.max_memory_allocated() - base) if device == "cuda" else (
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss0)
-    return {"shape": shape, "impl": impl, "tokens": T, "seconds": sec, "tokens_per_s": T / sec,
-            "peak_mem_mib": max(peak, 0) / 2**20}
+    row = {"shape": shape, "impl": impl, "tokens": T, "seconds": sec, "tokens_per_s": T / sec,
+           "peak_mem_mib": max(peak, 0) / 2**20}
+    if profile is not None:
+        row["profile_top"] = _profile(step, device, profile)
+    return row
+
+
+def _profile(step, device: str, table_path: Path) -> list[dict]:
+    """One more forward + backward under torch.profiler: the whole per-operator table to
+    `table_path`, and the PROFILE_TOP operators by self time (device time on CUDA) as
+    [{"op", "self_ms", "calls"}]."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        step()
+        _sync(device)
+    events = prof.key_averages()
+    key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    table_path.write_text(events.table(sort_by=key, row_limit=40) + "\n")
+    top = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:PROFILE_TOP]
+    return [{"op": e.key, "self_ms": getattr(e, key) / 1e3, "calls": e.count} for e in top]
 
 
 def _routing_hf(x_TD, logits_TE, K, E):
@@ -165,9 +190,13 @@ def _bandwidth(x_TD, logits_TE, K, E) -> dict:
 def _child(args) -> None:
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    fn = run_layer if args.child == "layer" else run_routing
     iters = args.iters if args.impl != "eager" else max(1, args.iters // 2)
-    print(json.dumps(fn(args.shape, args.impl, args.device, dtype, iters)))
+    if args.child == "layer":
+        profile = (Path(args.out) / f"moe-{args.device}-profile-{args.shape}-{args.impl}.txt") if args.profile else None
+        row = run_layer(args.shape, args.impl, args.device, dtype, iters, profile)
+    else:
+        row = run_routing(args.shape, args.impl, args.device, dtype, iters)
+    print(json.dumps(row))
 
 
 def main() -> None:
@@ -178,6 +207,8 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--threads", type=int, default=torch.get_num_threads(),
                    help="CPU threads (default: torch's); on cores shared with other jobs 1 can beat 2")
+    p.add_argument("--out", default=str(RESULTS), help="where the results go (default benchmarks/results)")
+    p.add_argument("--profile", action="store_true", help="per-operator time of each layer row (torch.profiler)")
     p.add_argument("--child", choices=["layer", "routing"], help=argparse.SUPPRESS)
     p.add_argument("--shape", help=argparse.SUPPRESS)
     p.add_argument("--impl", help=argparse.SUPPRESS)
@@ -185,31 +216,43 @@ def main() -> None:
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     if args.child:
         return _child(args)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     rows = []
     for shape in args.shapes.split(","):
         for kind, impls in (("layer", IMPLS), ("routing", ("hintrl", "grouped_mm"))):
             for impl in impls:
                 cmd = [sys.executable, "-m", "benchmarks.moe", "--child", kind, "--shape", shape, "--impl", impl,
                        "--device", args.device, "--dtype", args.dtype, "--iters", str(args.iters),
-                       "--threads", str(args.threads)]
+                       "--threads", str(args.threads), "--out", args.out] + (["--profile"] if args.profile else [])
                 res = subprocess.run(cmd, capture_output=True, text=True)
                 if res.returncode != 0:
                     print(res.stderr[-3000:], file=sys.stderr)
                     rows.append({"kind": kind, "shape": shape, "impl": impl, "error": res.stderr[-500:]})
-                    continue
-                row = {"kind": kind, **json.loads(res.stdout.strip().splitlines()[-1])}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-    write_results(rows, args)
+                else:
+                    rows.append({"kind": kind, **json.loads(res.stdout.strip().splitlines()[-1])})
+                write_results(rows, args)         # after every row: a time limit loses only the rows not reached
+                print(json.dumps(rows[-1]), flush=True)
+    print("\n".join(markdown(rows, args)))
 
 
 def write_results(rows: list[dict], args) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    """The json and markdown of the rows so far (each by rename, so a kill leaves the last whole pair)."""
+    out = Path(args.out)
     meta = {"device": args.device, "dtype": args.dtype, "torch": torch.__version__, "threads": args.threads,
             "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None, "iters": args.iters,
             "timing": "min over iters after one warm-up, forward+backward"}
-    (RESULTS / f"moe-{args.device}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    md = [f"# MoE benchmark ({args.device}, {args.dtype}, torch {torch.__version__}, {meta['threads']} threads)", "",
+    _write(out / f"moe-{args.device}.json", json.dumps({"meta": meta, "rows": rows}, indent=1))
+    _write(out / f"moe-{args.device}.md", "\n".join(markdown(rows, args)) + "\n")
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def markdown(rows: list[dict], args) -> list[str]:
+    md = [f"# MoE benchmark ({args.device}, {args.dtype}, torch {torch.__version__}, {args.threads} threads)", "",
           "| shape | impl | tokens | layer fwd+bwd tokens/s | peak mem MiB | routing steps ms | vs hf |",
           "|---|---|---|---|---|---|---|"]
     for shape in args.shapes.split(","):
@@ -237,8 +280,13 @@ def write_results(rows: list[dict], args) -> None:
     md += ["", "routing steps = gating + counts + permute + unpermute-combine, fwd+bwd, expert GEMMs left out; "
            "the grouped_mm row times the same steps as transformers writes them. "
            "CPU peak mem = peak RSS above the resident weights."]
-    (RESULTS / f"moe-{args.device}.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    profiled = [r for r in rows if r.get("profile_top")]
+    if profiled:
+        md += ["", "Profile (one forward + backward under torch.profiler; top operators by self time, ms):", ""]
+        for r in profiled:
+            top = ", ".join(f"{p['op']} {p['self_ms']:.2f}" for p in r["profile_top"])
+            md.append(f"- {r['shape']} {r['impl']}: {top}")
+    return md
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 #
 #   scripts/gpu_check.sh             run everything; results in $OUT (the device tool's folder) or
 #                                    benchmarks/results/gpu-check/: summary.md, <step>.log, and the
-#                                    benchmarks' moe-<gpu>.{json,md}, train-<gpu>.json, rollout-<gpu>.{json,md}
+#                                    benchmarks' moe-<gpu>/ (moe-cuda.{json,md} and the per-operator profiles), train-<gpu>.json, rollout-<gpu>.{json,md}
 #   scripts/gpu_check.sh --dry-run   print each step and its command, check that every input exists;
 #                                    needs no GPU (tests/test_gpu_check.py runs it)
 # Environment: .venv if there is one; else, on a machine without network, its python3 plus the
@@ -88,9 +88,10 @@ step build 100 "setup.py kernels/csrc" \
 step kernel_tests 60 "tests/test_kernels_cuda.py tests/test_kernels_ops.py tests/test_experts_parity.py" \
   "$PY -m pytest -q -p no:cacheprovider tests/test_kernels_cuda.py tests/test_kernels_ops.py tests/test_experts_parity.py"
 
+# rows and per-operator profiles written into the results as they are measured: a time limit loses
+# only the rows it did not reach
 step moe_bench 120 "benchmarks/moe.py" \
-  "$PY -m benchmarks.moe --device cuda --iters 3 && cp benchmarks/results/moe-cuda.json '$RESULTS/moe-$gpu.json' \
-   && cp benchmarks/results/moe-cuda.md '$RESULTS/moe-$gpu.md'"
+  "$PY -m benchmarks.moe --device cuda --iters 3 --profile --out '$RESULTS/moe-$gpu'"
 
 # the default experiment on CUDA for a few hundred steps (CPU: experiments/default/README.md)
 step default_train 70 "experiments/default/config.yaml experiments/default/compare_engines.py" \
