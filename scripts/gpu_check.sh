@@ -5,7 +5,7 @@
 # engine. Each step has its own time limit and log; a failing step is recorded and the next runs.
 #
 #   scripts/gpu_check.sh             run everything; results in $OUT (the device tool's folder) or
-#                                    benchmarks/results/gpu-check/: summary.md, <step>.log, and the
+#                                    benchmarks/results/gpu-check/: summary.md, <step>.log, gpu-check.tar.gz (all of it), and the
 #                                    benchmarks' moe-<gpu>/ (moe-cuda.{json,md} and the per-operator profiles), train-<gpu>.json, rollout-<gpu>.{json,md}
 #   scripts/gpu_check.sh --dry-run   print each step and its command, check that every input exists;
 #                                    needs no GPU (tests/test_gpu_check.py runs it)
@@ -77,6 +77,21 @@ step() {
   local took=$(( $(date +%s) - start ))
   tail -5 "$RESULTS/$name.log"
   summary+=("| $name | $([ $rc = 0 ] && echo ok || { [ $rc = 124 ] && echo "timed out" || echo "failed ($rc)"; }) | ${took}s |")
+  pack
+}
+
+# summary.md and gpu-check.tar.gz (every result and log of $RESULTS in one file, for a device
+# tool that brings back only a few), both rewritten after every step: a check cut short by the
+# device command's limit still leaves the archive of every step it finished.
+pack() {
+  {
+    echo "# gpu_check on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(date -u +%Y-%m-%d)"
+    echo
+    echo "| step | result | time |"
+    echo "|---|---|---|"
+    printf '%s\n' "${summary[@]}"
+  } > "$RESULTS/summary.md"
+  tar -czf "$TMP/gpu-check.tar.gz" -C "$RESULTS" --exclude=gpu-check.tar.gz . && mv "$TMP/gpu-check.tar.gz" "$RESULTS/"
 }
 
 step build 100 "setup.py kernels/csrc" \
@@ -117,20 +132,15 @@ step vllm 100 "scripts/bootstrap_vllm.sh tests/test_vllm_engine.py benchmarks/ro
    && $PY -m benchmarks.rollout --repeats 2 --out '$RESULTS' && mv '$RESULTS/rollout-cuda.json' '$RESULTS/rollout-$gpu.json' \
    && mv '$RESULTS/rollout-cuda.md' '$RESULTS/rollout-$gpu.md'"
 
-rm -rf "$TMP"
 if [ "$DRY" = 1 ]; then
+  rm -rf "$TMP"
   echo "[gpu_check] the steps' limits add up to ${budget}s (one device command: 600 s)"
   [ "$budget" -le 600 ] || { echo "[gpu_check] dry run: over one device command's 600 s" >&2; exit 1; }
   [ "$missing" = 0 ] || { echo "[gpu_check] dry run: $missing input(s) missing" >&2; exit 1; }
   echo "[gpu_check] dry run: every input is present"
   exit 0
 fi
-{
-  echo "# gpu_check on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(date -u +%Y-%m-%d)"
-  echo
-  echo "| step | result | time |"
-  echo "|---|---|---|"
-  printf '%s\n' "${summary[@]}"
-} > "$RESULTS/summary.md"
+pack
+rm -rf "$TMP"
 cat "$RESULTS/summary.md"
 echo "[gpu_check +$(( $(date +%s) - t0 ))s] done; results in $RESULTS"

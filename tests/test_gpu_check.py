@@ -40,6 +40,26 @@ def test_the_gpu_check_dry_run_names_a_missing_input(tmp_path):
     assert "kernel_tests: missing input tests/test_kernels_cuda.py" in out.stderr
 
 
+def test_the_gpu_check_packs_every_result_after_each_step(tmp_path):
+    """One step run for real against a stand-in nvidia-smi (it fails here: no CUDA): the failure is
+    in summary.md, and gpu-check.tar.gz holds the step's log and the summary."""
+    import tarfile
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    smi = fake / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H200'\n")
+    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    out_dir = tmp_path / "out"
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", OUT=str(out_dir), GPU_CHECK_STEPS="moe_bench")
+    out = _run(["bash", "scripts/gpu_check.sh"], env=env)
+    assert out.returncode == 0, out.stderr
+    assert "| moe_bench | failed (1) |" in (out_dir / "summary.md").read_text()
+    with tarfile.open(out_dir / "gpu-check.tar.gz") as archive:
+        names = {n.lstrip("./") for n in archive.getnames()}
+    assert {"summary.md", "moe_bench.log"} <= names and "gpu-check.tar.gz" not in names
+
+
 @pytest.mark.parametrize("gpu_visible", [False, True])
 def test_the_scripts_pick_deepspeeds_cpu_accelerator_only_without_a_gpu(tmp_path, gpu_visible):
     fake = tmp_path / "bin"
