@@ -7,7 +7,11 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from conftest import CHILD_PYTHONPATH, ROOT
+
+pytestmark = pytest.mark.slow               # five benchmark subprocesses per run
 
 ENV = dict(os.environ, PYTHONPATH=CHILD_PYTHONPATH, OMP_NUM_THREADS="1")
 
