@@ -1,6 +1,6 @@
 """What an eval suite is (`Suite`: the sets it reads, counts per shard, the report), what it may use
-(`EvalContext`), the registry (`SUITES`) and `run_suites`, which shards the sets over
-ranks and sums the counts. The package's __init__ lists the suites."""
+(`EvalContext`), the registry of suites (`SUITES`) and `run_suites`, which shards the sets over
+ranks and sums the counts. The package's __init__ says what each suite reports."""
 from __future__ import annotations
 
 from dataclasses import dataclass
