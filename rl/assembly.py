@@ -13,13 +13,13 @@ from rl.config import RunConfig
 from rl.environments import Environment, build_environment
 from rl.tasks import TaskSource
 from student.policy import Sampling
-from student.tokenizer import ByteTokenizer
+from student.tokenizer import Tokenizer, load_tokenizer
 from teacher import Teacher, build_teacher
 
 
 @dataclass
 class RunParts:
-    tok: ByteTokenizer
+    tok: Tokenizer
     tasks: TaskSource           # training stream, held-out sets, and the eval sets it refuses
     env: Environment
     teacher: Teacher
@@ -33,8 +33,8 @@ class RunParts:
         return build_teacher(dataclasses.replace(cfg.teacher, kind=kind))
 
 
-def run_parts(cfg: RunConfig, tok: ByteTokenizer | None = None) -> RunParts:
-    tok = tok or ByteTokenizer()
+def run_parts(cfg: RunConfig, tok: Tokenizer | None = None) -> RunParts:
+    tok = tok or load_tokenizer(cfg.student.tokenizer, cfg.student.checkpoint)
     tasks = TaskSource(cfg.task, cfg.seed, cfg.eval)
     sampling = Sampling(max_new_tokens=cfg.rollout.max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id,
                         temperature=cfg.rollout.temperature)

@@ -19,7 +19,7 @@ import torch
 from rl.environments import Environment
 from rl.environments.base import assistant_messages
 from rl.tasks import Problem, Verdict
-from student.tokenizer import ByteTokenizer, assistant_message, assistant_text
+from student.tokenizer import Tokenizer, assistant_message, assistant_text
 
 
 @dataclass
@@ -48,15 +48,13 @@ class Transcript:
                           + [(a + start, b + start) for a, b in more.spans])
 
 
-def hinted_context(tok: ByteTokenizer, transcript: Transcript, completion: list[int], message_index: int,
+def hinted_context(tok: Tokenizer, transcript: Transcript, completion: list[int], message_index: int,
                    hint: str) -> tuple[list[int], int]:
     """(context ids, start): everything before the assistant message `message_index` as sampled, with
-    the hint inserted right before its <assistant> marker, and where that message starts in the
+    the hint in its local context (`tok.insert_hint`), and where that message starts in the
     completion. For a one-message episode this is `tok.render_prompt(prompt, hint)` and 0."""
     start = transcript.span_of(message_index)[0]
-    before = transcript.prompt_ids + completion[:start]
-    assert before[-1] == tok.assistant_id, "an assistant message follows its <assistant> marker"
-    return before[:-1] + [tok.hint_id] + tok.encode(hint) + [tok.assistant_id], start
+    return tok.insert_hint(transcript.prompt_ids + completion[:start], hint), start
 
 
 def message_spans(mask_row: list[bool]) -> list[tuple[int, int]]:
@@ -74,7 +72,7 @@ def message_spans(mask_row: list[bool]) -> list[tuple[int, int]]:
 class Episodes:
     """The Turns of one generation call (student/policy.py): rows' conversations with `env`."""
 
-    def __init__(self, env: Environment, tok: ByteTokenizer, problems: list[Problem], max_turns: int,
+    def __init__(self, env: Environment, tok: Tokenizer, problems: list[Problem], max_turns: int,
                  max_new_tokens: int, histories: list[list[dict]] | None = None,
                  prompts: list[list[int]] | None = None):
         """histories and prompts: continue each row from these messages and these context ids (the

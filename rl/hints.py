@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from rl.episodes import Transcript, hinted_context
 from rl.tasks import Problem, Verdict
-from student.tokenizer import ByteTokenizer
+from student.tokenizer import Tokenizer
 from teacher import HintRequest, LeakGuard, Teacher
 from teacher.base import TEACHER_FAULTS
 
@@ -51,7 +51,7 @@ def request_for(problem: Problem, attempt: str, verdict: Verdict, messages: list
                        verdict.expected, list(meta.get("decoy_hints") or []))
 
 
-def hint_failed_attempts(teacher: Teacher, guard: LeakGuard, tok: ByteTokenizer,
+def hint_failed_attempts(teacher: Teacher, guard: LeakGuard, tok: Tokenizer,
                          problems: list[Problem], attempts: list[str],
                          verdicts: list[Verdict], only: list[int] | None = None,
                          episodes: list[tuple[Transcript, list[int]]] | None = None) -> HintedRows:

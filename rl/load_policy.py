@@ -33,7 +33,7 @@ from rl.checkpoint import list_tags, verify
 from rl.config import RunConfig
 from rl.configure import load_config
 from rl.runlog import is_run_folder
-from student.tokenizer import ByteTokenizer
+from student.tokenizer import Tokenizer, load_tokenizer
 
 EXPORT_CONFIG = "hintrl_config.yaml"      # the run's resolved config, written into an export folder
 
@@ -46,7 +46,7 @@ class PolicyLoadError(ValueError):
 class Loaded:
     policy: object                # student.policy.Policy
     cfg: RunConfig
-    tok: ByteTokenizer
+    tok: Tokenizer
     model: torch.nn.Module
     description: str              # what was loaded, from where, with which config
 
@@ -87,7 +87,7 @@ def _newest_verified(run_dir: Path) -> str:
                           + "; ".join(f"{tag}: {why}" for tag, why in problems))
 
 
-def checkpoint_model(run_dir: Path, tag: str, cfg: RunConfig, tok: ByteTokenizer) -> torch.nn.Module:
+def checkpoint_model(run_dir: Path, tag: str, cfg: RunConfig, tok: Tokenizer) -> torch.nn.Module:
     """The run's student with checkpoint `tag`'s weights, read straight from the DeepSpeed state
     (verified against its manifest first): the weights rl.export would write, without writing them."""
     from rl.export import load_checkpoint
@@ -105,6 +105,13 @@ def checkpoint_model(run_dir: Path, tag: str, cfg: RunConfig, tok: ByteTokenizer
         message = (str(err).splitlines() or [type(err).__name__])[0]
         raise PolicyLoadError(f"{ckpt}: cannot load it ({message})") from None
     return model
+
+
+def _tokenizer(cfg: RunConfig, folder) -> Tokenizer:
+    try:
+        return load_tokenizer(cfg.student.tokenizer, str(folder))
+    except (OSError, ValueError) as err:
+        raise PolicyLoadError(str(err)) from None
 
 
 def _export_config(path: Path, experiment, overrides) -> tuple[RunConfig, str]:
@@ -134,19 +141,20 @@ def load_policy(path: str | Path, experiment: str | Path | None = None, override
     path = Path(path)
     if not path.is_dir():
         raise PolicyLoadError(f"{path}: no such folder")
-    tok = ByteTokenizer()
     if path.name == "checkpoints" and is_run_folder(path.parent):
         path = path.parent
     checkpoint, model = _checkpoint_of(path), None
     if _is_export_dir(path):
         cfg, config_from = _export_config(path, experiment, overrides)
         model_dir, what = path, f"export {path}"
+        tok = _tokenizer(cfg, model_dir)           # an export carries the tokenizer it was trained with
     elif checkpoint is not None or is_run_folder(path):
         run_dir, tag = checkpoint if checkpoint is not None else (path, None)
         cfg = _run_config(run_dir, overrides)
         config_from = str(run_dir / "config.yaml")
         if tag is None:
             tag = _newest_verified(run_dir)
+        tok = _tokenizer(cfg, cfg.student.checkpoint)
         model = checkpoint_model(run_dir, tag, cfg, tok)
         model_dir, what = run_dir / "checkpoints" / tag, f"checkpoint {run_dir / 'checkpoints' / tag}"
     elif path.parent.name == "checkpoints":
@@ -162,8 +170,8 @@ def load_policy(path: str | Path, experiment: str | Path | None = None, override
             raise PolicyLoadError(f"{model_dir}: cannot load the model ({message})") from None
     vocab = getattr(model.config, "vocab_size", None)
     if vocab != tok.vocab_size:
-        raise PolicyLoadError(f"{model_dir}: a model of {vocab} tokens; a hintrl student has the byte "
-                              f"tokenizer's {tok.vocab_size}")
+        raise PolicyLoadError(f"{model_dir}: a model of {vocab} tokens; its tokenizer (student.tokenizer="
+                              f"{cfg.student.tokenizer}) has {tok.vocab_size}")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = model.to(device).eval()
     policy = build_policy(model, lean=cfg.student.lean_forward, pad_id=tok.pad_id, banned_ids=tok.never_sampled,

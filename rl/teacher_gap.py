@@ -49,14 +49,14 @@ from rl.methods.self_distill import teacher_context
 from rl.stats import bootstrap_interval, fmt_interval
 from rl.tasks import Problem, TaskSource
 from student.policy import Policy, Sampling
-from student.tokenizer import ByteTokenizer
+from student.tokenizer import Tokenizer
 from teacher import LeakGuard, ShuffledTeacher, Teacher
 
 KINDS = ("none", "rule", "feedback", "sibling", "shuffled")
 
 
 @torch.no_grad()
-def measure(policy: Policy, problems: list[Problem], tasks: TaskSource, teacher: Teacher, tok: ByteTokenizer,
+def measure(policy: Policy, problems: list[Problem], tasks: TaskSource, teacher: Teacher, tok: Tokenizer,
             sampling: Sampling, attempts: int, kinds=KINDS, env: Environment | None = None,
             max_turns: int = 1) -> dict[str, dict]:
     """With a multi-message `env`, an attempt is an episode; a rule (or shuffled) hint's retry

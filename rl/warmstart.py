@@ -15,7 +15,7 @@ import torch
 from rl.environments import Environment
 from rl.hints import request_for
 from rl.tasks import Problem, Verdict
-from student.tokenizer import ByteTokenizer, assistant_text
+from student.tokenizer import Tokenizer, assistant_text
 from teacher import LeakGuard, Teacher
 
 
@@ -34,7 +34,7 @@ def corrupt(answer: str, rng: random.Random) -> str:
     return answer[:i] + choice + answer[i + 1:]
 
 
-def demonstrations(problems: list[Problem], teacher: Teacher, guard: LeakGuard, tok: ByteTokenizer,
+def demonstrations(problems: list[Problem], teacher: Teacher, guard: LeakGuard, tok: Tokenizer,
                    rng: random.Random, hint_fraction: float, env: Environment,
                    by_bucket: dict[str, float] | None = None
                    ) -> tuple[list[list[int]], list[list[int]], list[list[bool]]]:
@@ -73,19 +73,33 @@ def demonstrations(problems: list[Problem], teacher: Teacher, guard: LeakGuard, 
     return out
 
 
-def split_demonstration(tok: ByteTokenizer, messages: list[dict]) -> tuple[list[int], list[int], list[bool]]:
-    """(prompt ids through the first <assistant>, the rest, True on assistant messages' own tokens)."""
-    ids, mask = [tok.bos_id], [False]
+def split_demonstration(tok: Tokenizer, messages: list[dict]) -> tuple[list[int], list[int], list[bool]]:
+    """(prompt ids through the first assistant opening, the rest, True on assistant messages' own
+    tokens): rendered piece by piece as an episode is sampled (the prompt, then each answer and the
+    environment's reply after it), so a demonstration has the ids a rollout of it would have."""
+    prompt, hint, pending = None, None, []
+    completion, mask = [], []
     for m in messages:
-        piece = tok.render_messages([m])[1:]
-        if m["role"] == "assistant":        # <assistant> is context; the message and its <eos> are targets
-            ids += piece
-            mask += [False] + [True] * (len(piece) - 1)
+        if m["role"] == "hint":
+            hint = m["content"]
+        elif m["role"] != "assistant":
+            pending.append(m)
         else:
-            ids += piece
-            mask += [False] * len(piece)
-    first = mask.index(True)
-    return ids[:first], ids[first:], mask[first:]
+            if prompt is None:
+                if len(pending) != 1 or pending[0]["role"] != "user":
+                    raise ValueError(f"a demonstration opens with one user message, not {[p['role'] for p in pending]}")
+                prompt = tok.render_prompt(pending[0]["content"], hint)
+            else:
+                reply = tok.render_reply(pending, hint)
+                completion += reply
+                mask += [False] * len(reply)
+            answer = tok.render_answer(assistant_text(m))     # the message and its end of turn are targets
+            completion += answer
+            mask += [True] * len(answer)
+            hint, pending = None, []
+    if prompt is None:
+        raise ValueError("a demonstration has no assistant message")
+    return prompt, completion, mask
 
 
 def right_pad(rows: list[list[int]], pad_id: int, device=None,

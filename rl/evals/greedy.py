@@ -28,13 +28,13 @@ from rl.episodes import Episodes
 from rl.hints import hint_failed_attempts
 from rl.tasks import Problem, TaskSource
 from student.policy import Policy, Sampling
-from student.tokenizer import ByteTokenizer
+from student.tokenizer import Tokenizer
 from teacher import LeakGuard, Teacher
 
 
 @torch.no_grad()
 def evaluate(policy: Policy, problems: list[Problem], tasks: TaskSource, teacher: Teacher,
-             tok: ByteTokenizer, max_new_tokens: int, teacher_policy: Policy | None = None,
+             tok: Tokenizer, max_new_tokens: int, teacher_policy: Policy | None = None,
              env: Environment | None = None, max_turns: int = 1, plain_only: bool = False,
              record: dict | None = None) -> dict[str, float]:
     """Counts over `problems`, each an episode with `env` (default: one answer, the task's verifier).

@@ -65,8 +65,7 @@ class HintDistill(Distilling):
         if batch.transcripts is None:
             return hinted.prompt_ids, [0] * len(hinted.rows), [width] * len(hinted.rows)
         if self.cfg.hint_scope == "trajectory":
-            contexts = [batch.prompt_ids[r][:-1] + [tok.hint_id] + tok.encode(h) + batch.prompt_ids[r][-1:]
-                        for r, h in zip(hinted.rows, hinted.hints)]
+            contexts = [tok.insert_hint(batch.prompt_ids[r], h) for r, h in zip(hinted.rows, hinted.hints)]
             return contexts, [0] * len(hinted.rows), [width] * len(hinted.rows)
         ends = []
         for r, target in zip(hinted.rows, hinted.targets):
