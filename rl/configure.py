@@ -189,6 +189,7 @@ def validate(cfg: RunConfig) -> None:
     for key, valid in type(cfg.method).CHOICES.items():
         _choice(getattr(cfg.method, key), set(valid), f"method.{key}")
     _choice(cfg.student.arch, ARCHITECTURES, "student.arch")
+    _prepare_student_checkpoint(cfg)
     _own_checks(cfg.student)
     _choice(cfg.teacher.kind, TEACHERS, "teacher.kind")
     if cfg.warmstart.teacher:
@@ -280,6 +281,25 @@ def _validate_numbers(cfg: RunConfig) -> None:
             raise ConfigError(f"{key}={value} must be a finite number")
         if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**63:
             raise ConfigError(f"{key}={value} is out of range (a 64-bit integer)")
+
+
+def _prepare_student_checkpoint(cfg: RunConfig) -> None:
+    """A `student.checkpoint` GGUF (a path or pkg://) is de-quantised, and with
+    `student.upcycle_experts` upcycled, once (student/pretrained.py); the run's config then names the
+    prepared folder, whose name says what it came from, and upcycle_experts is 0 (it is done)."""
+    from student.pretrained import student_folder
+
+    s = cfg.student
+    if s.upcycle_experts < 0:
+        raise ConfigError(f"student.upcycle_experts={s.upcycle_experts} must be >= 0 (0: no upcycling)")
+    if s.upcycle_experts and not s.checkpoint:
+        raise ConfigError("student.upcycle_experts upcycles student.checkpoint (a dense model), which is not set")
+    try:
+        folder = student_folder(s.checkpoint, s.upcycle_experts, s.top_k, s.upcycle_noise, cfg.seed)
+    except (OSError, ValueError) as err:
+        message = (str(err).splitlines() or [type(err).__name__])[0]
+        raise ConfigError(f"student.checkpoint={s.checkpoint!r}: {message}") from None
+    s.checkpoint, s.upcycle_experts = folder, 0
 
 
 def _own_checks(component) -> None:

@@ -24,6 +24,8 @@ from student.tokenizer import ByteTokenizer
 class StudentConfig:
     arch: str = "qwen3_moe"          # key of ARCHITECTURES
     checkpoint: str = ""             # HF folder to load instead of building from config
+    upcycle_experts: int = 0         # > 0: checkpoint is a dense model, upcycled to this many experts of
+    upcycle_noise: float = 0.0       # top_k (student/upcycle.py), with this relative noise on each copy
     tokenizer: str = "byte"          # "byte" (built in code, for students from scratch) or "auto" (the
                                      # checkpoint's own tokenizer and chat template; student/chat_tokenizer.py)
     hidden_size: int = 128

@@ -21,76 +21,13 @@ pads, positions count only real tokens), so greedy replies are those of the whol
 from __future__ import annotations
 
 import copy
-import hashlib
-import importlib.util
-import os
-import shutil
-import sys
 import time
-from pathlib import Path
 
 import torch
 
+from student.pretrained import prepare_model
 from teacher.base import TeacherConfig
 from teacher.llm import ChatTeacher
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("HINTRL_TEACHER_CACHE", "~/.cache/hintrl/teachers")).expanduser()
-
-
-def resolve_path(model: str) -> Path:
-    """A model path, with `pkg://DIST/FILE` resolved inside an installed package (not imported)."""
-    if not model.startswith("pkg://"):
-        return Path(model).expanduser()
-    package, _, rel = model[len("pkg://"):].partition("/")
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"teacher.model={model!r}: Python package {package!r} is not installed")
-    return Path(list(spec.submodule_search_locations)[0]) / rel
-
-
-def _gguf_key(path: Path) -> str:
-    """Stable across reinstalls of the same file: its name, size and first MiB."""
-    digest = hashlib.sha256(f"{path.name}:{path.stat().st_size}".encode())
-    with path.open("rb") as f:
-        digest.update(f.read(1 << 20))
-    return f"{path.stem}-{digest.hexdigest()[:10]}"
-
-
-def prepare_model(model: str, gguf_file: str = "") -> Path:
-    """A Hugging Face folder for `model`: itself, or the cached de-quantised copy of a GGUF file."""
-    path = resolve_path(model)
-    if gguf_file:
-        path = path / gguf_file
-    if path.suffix != ".gguf":
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"teacher.model={model!r}: {path} is neither a .gguf file nor a "
-                                    "Hugging Face folder with config.json")
-        return path
-    if not path.is_file():
-        raise FileNotFoundError(f"teacher.model={model!r}: GGUF file {path} does not exist")
-    out = cache_root() / _gguf_key(path)
-    if (out / "model.safetensors").is_file() or (out / "model.safetensors.index.json").is_file():
-        return out
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    print(f"[teacher] de-quantising {path.name} once into {out} (30-45 s on a small CPU)",
-          file=sys.stderr, flush=True)
-    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    lm = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    # The weights are plain fp32 tensors now; drop the GGUF marker that forbids saving them.
-    lm.hf_quantizer = None
-    if hasattr(lm.config, "quantization_config"):
-        del lm.config.quantization_config
-    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
-    lm.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    try:
-        tmp.rename(out)              # atomic: a concurrent preparer either wins or finds it done
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 
 # Below this many shared tokens a cached prefix is not worth a copy per row.

