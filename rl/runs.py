@@ -66,7 +66,7 @@ from pathlib import Path
 
 import yaml
 
-from rl.runlog import read_log
+from rl.runlog import LogError, read_log
 
 LOG, PID, EXIT = "train.log", "run.pid", "exit.json"
 STATES = ("running", "finished", "failed", "killed", "unknown")
@@ -243,6 +243,8 @@ def _clean(value):
 # ------------------------------------------------------------------ finding runs
 
 def _is_run_dir(path: Path) -> bool:
+    """A run as rl.runs sees one: also a run it launched that has not written its config yet (run.pid
+    only), which rl/runlog.py::is_run_folder (a folder the trainer has written to) is not."""
     return (path / "config.yaml").is_file() or (path / PID).is_file()
 
 
@@ -323,10 +325,15 @@ def _status(run_dir: Path) -> dict:
     pid_info = _read_json(run_dir / PID) or {}
     exit_info = _read_json(run_dir / EXIT)
     cfg = _config(run_dir)
-    rows = _metrics(run_dir)
+    try:
+        rows, unreadable = _metrics(run_dir), None
+    except LogError as err:              # one damaged run is shown as such; `runs list` still lists the others
+        rows, unreadable = [], str(err)
     step = rows[-1]["step"] if rows else None
     total = _total_steps(run_dir, cfg, pid_info)
     state, detail = _state(run_dir, exit_info, pid_info, step, total)
+    if unreadable:
+        detail = f"{detail}; metrics unreadable: {unreadable}" if detail else f"metrics unreadable: {unreadable}"
 
     last_evals = None
     for row in reversed(rows):
@@ -648,7 +655,11 @@ def compare(runs: list[str | Path], metric: str = "eval/accuracy", minimize: boo
     rows, winner, best = [], None, None
     for run_dir in dirs:
         st = _status(run_dir)
-        values = [(r["step"], float(r[metric])) for r in _metrics(run_dir)
+        try:
+            rows_of_run = _metrics(run_dir)
+        except LogError:                 # st["detail"] says so; the run has no value to compare
+            rows_of_run = []
+        values = [(r["step"], float(r[metric])) for r in rows_of_run
                   if isinstance(r.get(metric), (int, float)) and not isinstance(r.get(metric), bool)
                   and math.isfinite(r[metric])]
         final = values[-1] if values else (None, None)

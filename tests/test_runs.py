@@ -138,6 +138,21 @@ def test_stale_and_reused_pids_read_as_killed(out_dir):
     (out_dir / "exp" / "alive" / "run.pid").unlink()     # names this test's process: nothing may stop it
 
 
+def test_a_run_with_a_damaged_log_is_listed_as_such(out_dir):
+    """A bad line in the middle of metrics.jsonl (not the one being written) is an error in that
+    run's status, not in the listing of every run."""
+    fake_run(out_dir, "fine", [{"step": 0}, {"step": 4, "eval/accuracy": 0.5}])
+    damaged = fake_run(out_dir, "damaged", [{"step": 0}])
+    with (damaged / "metrics.jsonl").open("a") as f:
+        f.write("{not json\n" + json.dumps({"step": 1}) + "\n")
+    states = {st["name"]: st for st in runs_json("list", "--output-dir", out_dir)["runs"]}
+    assert states["fine"]["state"] == "finished"
+    assert "metrics unreadable" in states["damaged"]["detail"] and "metrics.jsonl:2" in states["damaged"]["detail"]
+    assert states["damaged"]["step"] is None
+    rows = runs_json("compare", "exp/fine", "exp/damaged", "--output-dir", out_dir)["runs"]
+    assert [r["final"] for r in rows] == [0.5, None]
+
+
 def test_exit_records_and_last_error(out_dir):
     log = ("== rl.runs launch 2024-01-01T00:00:00+00:00: python -m rl.train ...\n"
            "Traceback (most recent call last):\n  File \"x.py\", line 1\nKeyError: 'old'\n"
