@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass, field
 
 import reasoning_gym
@@ -95,6 +96,8 @@ class HiddenRuleConfig:
     min_operand: int = 0
     max_operand: int = 99
     operators: list[str] = field(default_factory=lambda: ["+"])   # "+", "-", or "copy": "4821" -> "4821"
+    question: str = "expression"     # the question's wording: "expression" ("4821 ?") or "words", an English
+                                     # sentence for pretrained students (task.render=question shows it)
     seed: int | None = None
     size: int = 100_000
 
@@ -104,6 +107,8 @@ class HiddenRuleConfig:
             raise ValueError(f"hidden_rule: operands {self.min_operand}..{self.max_operand} are not a range")
         if not self.operators or set(self.operators) - {"+", "-", "copy"}:
             raise ValueError(f"hidden_rule: operators={self.operators!r}: expected some of '+', '-', 'copy'")
+        if self.question not in ("expression", "words"):
+            raise ValueError(f"hidden_rule: question={self.question!r}: expected expression or words")
         if self.rule_form not in ("suffix", "operator"):
             raise ValueError(f"hidden_rule: rule_form={self.rule_form!r}: expected suffix or operator")
         if self.rule_form == "operator":
@@ -138,8 +143,11 @@ class HiddenRuleDataset(ProceduralDataset):
         value = {"+": a + b, "-": a - b, "copy": a}[op]
         expression = str(a) if op == "copy" else f"{a} {op} {b}"
         meta = {"source_dataset": "hidden_rule", "expression": expression, "value": value, "hints": []}
+        if c.question == "words":
+            meta["question"] = "words"
+        said = (f"Write the number {a}." if op == "copy" else f"What is {a} {op} {b}?") + " Reply with the answer only."
         if c.rule == "none":
-            return {"question": expression, "answer": str(value), "metadata": meta}
+            return {"question": said if c.question == "words" else expression, "answer": str(value), "metadata": meta}
         index = rng.randrange(2 ** c.rule_bits) if c.rule == "per_problem" else hidden_convention(c.rule_bits, c.rule_seed)
         stated = {"rule": index, "wrong": wrong_convention(index, c.rule_bits), "none": None}[c.hint]
         if c.rule_form == "operator":
@@ -159,10 +167,17 @@ class HiddenRuleDataset(ProceduralDataset):
         meta.update(convention=name_of(index), rule_index=index, rule_form=c.rule_form)
         expression = f"{expression} {MARK}"
         meta["expression"] = expression
-        return {"question": expression, "answer": answer, "metadata": meta}
+        said = said[:-len(" Reply with the answer only.")] + " Answers to this task follow a convention; reply with the answer only."
+        return {"question": said if c.question == "words" else expression, "answer": answer, "metadata": meta}
 
     def score_answer(self, answer: str | None, entry: dict) -> float:
-        return float(isinstance(answer, str) and answer.strip() == entry["answer"])
+        if not isinstance(answer, str):
+            return 0.0
+        if entry["metadata"].get("question") == "words":
+            # A chat model answers in a sentence ("The answer is 4821:kd."): the answer counts where it
+            # stands as a word of its own (not inside 14821 or 4821:kdx).
+            return float(re.search(rf"(?<![\w:]){re.escape(entry['answer'])}(?![\w:])", answer) is not None)
+        return float(answer.strip() == entry["answer"])
 
     def feedback(self, answer: str, entry: dict) -> str:
         """The verifier's words on a wrong answer: the stated convention (rule or wrong), never the number."""

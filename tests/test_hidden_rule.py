@@ -106,6 +106,30 @@ def test_bad_operator_settings_are_named(config, message):
         source(bits=config.pop("rule_bits", 8), **{**OPERATOR, **config})
 
 
+def test_the_question_in_words_asks_the_same_problem_in_english():
+    """question=words (for pretrained students): the same draws, answers and hints; only the wording."""
+    settings = dict(seed=3, size=5, operators=["copy"], min_operand=1000, max_operand=9999)
+    for rule in ("none", "per_problem", "hidden"):
+        plain = reasoning_gym.create_dataset("hidden_rule", rule=rule, **settings)
+        words = reasoning_gym.create_dataset("hidden_rule", rule=rule, question="words", **settings)
+        for a, b in zip(plain, words):
+            assert (a["answer"], a["metadata"]["hints"]) == (b["answer"], b["metadata"]["hints"])
+            number = a["metadata"]["expression"].split()[0]
+            assert b["question"].startswith(f"Write the number {number}.") and b["question"].endswith("answer only.")
+            assert ("convention" in b["question"]) == (rule != "none")
+    sums = reasoning_gym.create_dataset("hidden_rule", seed=0, size=1, operators=["-"], question="words", rule="none")
+    assert sums[0]["question"].startswith(f"What is {sums[0]['metadata']['expression']}?")
+    # A chat model answers in a sentence: the answer counts where it stands as a word of its own.
+    entry = reasoning_gym.create_dataset("hidden_rule", rule="hidden", question="words", **settings)[0]
+    answer, number = entry["answer"], entry["answer"].split(":")[0]
+    scores = {text: words.score_answer(text, entry) for text in
+              (f"The answer is {answer}.", answer, f"1{answer}", f"{answer}x", number, f"{number}:zz")}
+    assert list(scores.values()) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0], scores
+    assert plain.score_answer(f"The answer is {answer}.", plain[0]) == 0.0          # expression: exact
+    with pytest.raises(ValueError, match="question='poem'"):
+        reasoning_gym.create_dataset("hidden_rule", seed=0, size=1, question="poem")
+
+
 def test_held_out_problems_differ_per_bucket_and_never_reach_training():
     tasks = source(eval_size=100)
     heldout = {b: [p.prompt for p in ps] for b, ps in tasks.eval_by_bucket.items()}
