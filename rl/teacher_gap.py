@@ -1,6 +1,8 @@
 """The teacher gap before RL: how much better the student answers with each kind of hint in context.
 
     python -m rl.teacher_gap RUN_DIR [key=value ...] [--step N] [--attempts 8] [--out FILE.json]
+    python -m rl.teacher_gap EXPERIMENT_DIR [key=value ...]   the student the experiment starts from
+                                                              (its student.checkpoint), before any training
 
 A distilling method can move the student at most as far as its hinted distribution is ahead, and
 corrected replay learns only from hinted regenerations that succeed, so this gap, measured on the
@@ -58,14 +60,16 @@ KINDS = ("none", "rule", "feedback", "sibling", "shuffled")
 @torch.no_grad()
 def measure(policy: Policy, problems: list[Problem], tasks: TaskSource, teacher: Teacher, tok: Tokenizer,
             sampling: Sampling, attempts: int, kinds=KINDS, env: Environment | None = None,
-            max_turns: int = 1) -> dict[str, dict]:
+            max_turns: int = 1, tick=lambda: None) -> dict[str, dict]:
     """With a multi-message `env`, an attempt is an episode; a rule (or shuffled) hint's retry
     continues it from the hint's target message, the other contexts' retries start it again.
-    `none` is measured whatever `kinds` names: every other kind's `over_none` is read against it."""
+    `none` is measured whatever `kinds` names: every other kind's `over_none` is read against it.
+    `tick()` is called after each sampling pass (the plain attempts, then each kind's retries)."""
     env = AnswerEnvironment(tasks) if env is None else env
     group = [p for p in problems for _ in range(attempts)]
     plain = Episodes(env, tok, group, max_turns, sampling.max_new_tokens)
     out = policy.generate(plain.prompts, sampling, plain)
+    tick()
     transcripts = plain.transcripts(out.mask_NC)
     texts = [t.final_text() for t in transcripts]
     verdicts = plain.verdicts()
@@ -97,6 +101,7 @@ def measure(policy: Policy, problems: list[Problem], tasks: TaskSource, teacher:
             policy.generate(retry.prompts, sampling, retry)
             for i, verdict in zip(rows, retry.verdicts()):
                 fixed[i] = verdict.reward >= 1.0
+        tick()
         result[kind] = summary(fixed.view_as(ok_PG), ok_PG, len(rows) / max(1, len(failed)))
         accuracy_P[kind] = fixed.view_as(ok_PG).float().mean(1)
         if kind != "none":
@@ -121,17 +126,32 @@ def teacher_gap(run_dir: str | Path, step: int | None = None, attempts: int = 8,
     """The gap of the run's checkpoint (newest, or `step`), per bucket: {bucket: {kind: {...}}}.
     `overrides` change the run's config for the measurement, e.g. ["teacher.reveal=all_but_last"]."""
     from rl.assembly import run_parts
-    from rl.load_policy import load_policy
+    from rl.load_policy import PolicyLoadError, load_policy
+
+    from rl.configure import load_config
+    from rl.runlog import is_run_folder
 
     run_dir = Path(run_dir)
-    loaded = load_policy(run_dir if step is None else run_dir / "checkpoints" / f"step_{step:07d}",
-                         overrides=overrides, device="cpu")
+    # On the CPU: sampling draws other numbers on another device, and the committed gaps were drawn here.
+    if (run_dir / "config.yaml").is_file() and not is_run_folder(run_dir):     # an experiment folder
+        checkpoint = load_config(run_dir, list(overrides)).student.checkpoint
+        if not checkpoint:
+            raise PolicyLoadError(f"{run_dir}: an experiment whose student starts from scratch (no "
+                                  "student.checkpoint) has no student to measure before a run")
+        loaded = load_policy(checkpoint, experiment=run_dir, overrides=overrides, device="cpu")
+    else:
+        loaded = load_policy(run_dir if step is None else run_dir / "checkpoints" / f"step_{step:07d}",
+                             overrides=overrides, device="cpu")
     cfg = loaded.cfg
     parts = run_parts(cfg, loaded.tok)
+    from tqdm import tqdm
+
     torch.manual_seed(seed)
-    return {bucket: measure(loaded.policy, problems, parts.tasks, parts.teacher, parts.tok, parts.sampling, attempts,
-                            kinds, parts.env, cfg.rollout.max_turns)
-            for bucket, problems in parts.tasks.eval_by_bucket.items()}
+    passes = len(parts.tasks.eval_by_bucket) * (1 + len({"none", *kinds}))
+    with tqdm(total=passes, desc="teacher gap: sampling passes", file=sys.stderr, disable=None) as bar:
+        return {bucket: measure(loaded.policy, problems, parts.tasks, parts.teacher, parts.tok, parts.sampling,
+                                attempts, kinds, parts.env, cfg.rollout.max_turns, tick=bar.update)
+                for bucket, problems in parts.tasks.eval_by_bucket.items()}
 
 
 def table(gap: dict) -> str:
@@ -163,10 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--out", default=None, help="write the result as JSON here")
     args = parser.parse_args(argv)
+    from rl.config import ConfigError
     from rl.load_policy import PolicyLoadError
     try:
         gap = teacher_gap(args.run_dir, args.step, args.attempts, args.seed, overrides=args.overrides)
-    except PolicyLoadError as err:
+    except (PolicyLoadError, ConfigError) as err:
         print(f"teacher_gap error: {err}", file=sys.stderr)
         return 1
     if args.out:

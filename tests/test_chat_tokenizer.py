@@ -146,3 +146,84 @@ def test_a_pretrained_format_student_trains_evaluates_and_exports_with_its_token
         with torch.no_grad():
             answers.append(loaded.policy.generate(prompts, greedy).completion_ids_NC.tolist())
     assert answers[0] == answers[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_dense(tmp_path_factory, smollm2_tokenizer):
+    """A Llama-family dense model with SmolLM2's tokenizer: what `student.upcycle_experts` upcycles."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    out = tmp_path_factory.mktemp("tiny-dense")
+    torch.manual_seed(3)
+    config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=16, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                         tie_word_embeddings=True)
+    AutoModelForCausalLM.from_config(config).save_pretrained(out)
+    for f in smollm2_tokenizer.iterdir():
+        shutil.copy(f, out / f.name)
+    return out
+
+
+def test_a_dense_checkpoint_is_upcycled_once_when_the_config_is_loaded(tiny_dense, tmp_path, monkeypatch):
+    from rl.config import ConfigError
+    from rl.configure import load_config
+
+    monkeypatch.setenv("HINTRL_TEACHER_CACHE", str(tmp_path / "cache"))
+    keys = [f"student.checkpoint={tiny_dense}", "student.upcycle_experts=4", "student.tokenizer=auto"]
+    cfg = load_config(None, keys)
+    folder = cfg.student.checkpoint
+    assert folder.startswith(str(tmp_path / "cache")) and cfg.student.upcycle_experts == 0
+    config = json.loads((tmp_path / "cache" / folder.split("/")[-1] / "config.json").read_text())
+    assert config["model_type"] == "mixtral" and config["num_local_experts"] == 4
+    assert load_config(None, keys).student.checkpoint == folder       # cached, same folder
+    assert load_config(None, keys + ["seed=1"]).student.checkpoint != folder   # its own router
+    with pytest.raises(ConfigError, match="student.upcycle_experts upcycles student.checkpoint"):
+        load_config(None, ["student.upcycle_experts=4"])
+    with pytest.raises(ConfigError, match="is neither a .gguf file nor a Hugging Face folder"):
+        load_config(None, [f"student.checkpoint={tmp_path}", "student.upcycle_experts=4"])
+
+
+def test_the_teacher_gap_of_the_student_an_experiment_starts_from(tiny_pretrained, tmp_path):
+    """`python -m rl.teacher_gap EXPERIMENT_DIR`: the pretrained student measured before any run."""
+    from rl.teacher_gap import main
+
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    (folder / "config.yaml").write_text(
+        "task:\n  name: hidden_rule\n  render: question\n  config: {operators: [copy], min_operand: 10, "
+        "max_operand: 99, rule_bits: 4, question: words}\n  buckets:\n    stated: {rule: per_problem}\n"
+        "  eval_size: 3\n"
+        f"student:\n  checkpoint: {tiny_pretrained}\n  tokenizer: auto\n"
+        "teacher:\n  kind: dataset\nrollout:\n  max_new_tokens: 4\n")
+    out = tmp_path / "gap.json"
+    assert main([str(folder), "--attempts", "2", "--out", str(out)]) == 0
+    gap = json.loads(out.read_text())["stated"]
+    assert gap["plain"]["n"] == 3 and {"none", "rule", "shuffled"} <= set(gap)
+    (folder / "config.yaml").write_text("student:\n  hidden_size: 32\n")
+    assert main([str(folder)]) == 1                           # from scratch: nothing to measure yet
+
+
+def test_the_lean_forward_scores_a_pretrained_format_student_as_transformers_does(tiny_pretrained, tok):
+    """The lean forward takes a loaded Mixtral with a 49,152-token vocabulary (the hintrl experts
+    and router kernels in its path) and scores as transformers' own forward does."""
+    from student.build import build_policy
+    from student.hf_policy import HFPolicy
+    from student.lean_policy import LeanPolicy
+    from student.model import build_student
+
+    model = build_student(StudentConfig(checkpoint=str(tiny_pretrained), tokenizer="auto"), tok).eval()
+    lean = build_policy(model, pad_id=tok.pad_id, banned_ids=tok.never_sampled)
+    assert isinstance(lean, LeanPolicy)
+    hf = HFPolicy(model, pad_id=tok.pad_id, banned_ids=tok.never_sampled)
+    prompts = [tok.render_prompt(PROMPT), tok.render_prompt("Write the number 4821.", "end the answer with :kd")]
+    rows = [tok.render_answer("-21"), tok.render_answer("4821:kd")]
+    width = max(map(len, rows))
+    completion = torch.tensor([r + [tok.pad_id] * (width - len(r)) for r in rows])
+    with torch.no_grad():
+        a = lean.score(prompts, completion, need="topk", k=5)
+        b = hf.score(prompts, completion, need="topk", k=5)
+    mask = completion != tok.pad_id
+    assert torch.allclose(a.logprobs_NC[mask], b.logprobs_NC[mask], atol=1e-4)
+    assert torch.equal(a.topk_ids_NCK[mask], b.topk_ids_NCK[mask])
