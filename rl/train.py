@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer = Trainer(cfg, run_dir)
         if trainer.is_main:
-            print(f"run folder: {run_dir}  ({trainer.n_params / 1e6:.2f}M-parameter {cfg.student.arch} "
+            family = trainer.rollout.module.config.model_type       # a checkpoint's own, not student.arch's default
+            print(f"run folder: {run_dir}  ({trainer.n_params / 1e6:.2f}M-parameter {family} "
                   f"student, method {cfg.method.name}, seed {cfg.seed}, {trainer.world} rank(s), "
                   f"ZeRO-{cfg.deepspeed.zero_stage})", flush=True)
         final = trainer.train()
