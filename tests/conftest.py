@@ -68,10 +68,14 @@ def exported_teacher(tmp_path_factory):
     return out
 
 
-# The tiny pretrained-format student's shape: TINY's size knobs, so TINY's overrides agree with it.
-TINY_PRETRAINED_SHAPE = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                             num_local_experts=4, num_experts_per_tok=2, intermediate_size=16,
+# The tiny pretrained-format student's shape (experts as wide as vLLM's CPU MoE reloads: 32), and
+# TINY with size knobs that agree with it (experiments/default sets its own, which a checkpoint refuses).
+TINY_PRETRAINED_SHAPE = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                             num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
                              max_position_embeddings=256)
+TINY_RUN = [k for k in TINY if not k.startswith("student.")] + [
+    "student.hidden_size=64", "student.num_layers=1", "student.num_heads=2", "student.num_kv_heads=1",
+    "student.num_experts=4", "student.expert_width=32"]
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from conftest import TINY, run_cli
+from conftest import TINY_RUN, run_cli
 from rl.environments import build_environment
 from rl.config import TaskConfig
 from rl.episodes import Episodes, Transcript, hinted_context
@@ -128,7 +128,7 @@ def test_a_pretrained_format_student_trains_evaluates_and_exports_with_its_token
     from rl.load_policy import load_policy
     from student.policy import Sampling
 
-    out = run_cli(["experiments/default", *TINY, f"output_dir={tmp_path / 'runs'}", "run_name=smol",
+    out = run_cli(["experiments/default", *TINY_RUN, f"output_dir={tmp_path / 'runs'}", "run_name=smol",
                    f"student.checkpoint={tiny_pretrained}", "student.tokenizer=auto", "method.name=hint_distill"])
     assert out.returncode == 0, out.stderr[-3000:]
     run = tmp_path / "runs" / "default" / "smol"
@@ -227,3 +227,16 @@ def test_the_lean_forward_scores_a_pretrained_format_student_as_transformers_doe
     mask = completion != tok.pad_id
     assert torch.allclose(a.logprobs_NC[mask], b.logprobs_NC[mask], atol=1e-4)
     assert torch.equal(a.topk_ids_NCK[mask], b.topk_ids_NCK[mask])
+
+
+@pytest.mark.slow
+def test_the_smol_moe_experiment_trains_from_a_clean_clone(tmp_path):
+    """experiments/smol-moe as committed (SmolLM2-135M-Instruct de-quantised and upcycled on first
+    use), for one RL step and a small eval: the experiment's own path, end to end."""
+    out = run_cli(["experiments/smol-moe", f"output_dir={tmp_path}", "run_name=one", "trainer.steps=1",
+                   "task.eval_size=2", "rollout.prompts_per_step=2", "rollout.attempts_per_prompt=2",
+                   "rollout.max_new_tokens=6", "method.name=hint_distill"], timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "M-parameter mixtral student" in out.stdout
+    rows = [json.loads(line) for line in (tmp_path / "smol-moe" / "one" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 1 and "eval/reference_logprob/stated" in rows[-1]
