@@ -145,8 +145,9 @@ class HiddenRuleDataset(ProceduralDataset):
         meta = {"source_dataset": "hidden_rule", "expression": expression, "value": value, "hints": []}
         if c.question == "words":
             meta["question"] = "words"
-        said = (f"Write the number {a}." if op == "copy" else f"What is {a} {op} {b}?") + " Reply with the answer only."
+        asked = f"Write the number {a}." if op == "copy" else f"What is {a} {op} {b}?"     # question: words
         if c.rule == "none":
+            said = f"{asked} Reply with the answer only."
             return {"question": said if c.question == "words" else expression, "answer": str(value), "metadata": meta}
         index = rng.randrange(2 ** c.rule_bits) if c.rule == "per_problem" else hidden_convention(c.rule_bits, c.rule_seed)
         stated = {"rule": index, "wrong": wrong_convention(index, c.rule_bits), "none": None}[c.hint]
@@ -167,7 +168,7 @@ class HiddenRuleDataset(ProceduralDataset):
         meta.update(convention=name_of(index), rule_index=index, rule_form=c.rule_form)
         expression = f"{expression} {MARK}"
         meta["expression"] = expression
-        said = said[:-len(" Reply with the answer only.")] + " Answers to this task follow a convention; reply with the answer only."
+        said = f"{asked} Answers to this task follow a convention; reply with the answer only."
         return {"question": said if c.question == "words" else expression, "answer": answer, "metadata": meta}
 
     def score_answer(self, answer: str | None, entry: dict) -> float:
