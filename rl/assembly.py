@@ -13,7 +13,8 @@ from rl.config import RunConfig
 from rl.environments import Environment, build_environment
 from rl.tasks import TaskSource
 from student.policy import Sampling
-from student.tokenizer import Tokenizer, load_tokenizer
+from student.model import build_tokenizer
+from student.tokenizer import Tokenizer
 from teacher import Teacher, build_teacher
 
 
@@ -34,7 +35,7 @@ class RunParts:
 
 
 def run_parts(cfg: RunConfig, tok: Tokenizer | None = None) -> RunParts:
-    tok = tok or load_tokenizer(cfg.student.tokenizer, cfg.student.checkpoint)
+    tok = tok or build_tokenizer(cfg.student)
     tasks = TaskSource(cfg.task, cfg.seed, cfg.eval)
     sampling = Sampling(max_new_tokens=cfg.rollout.max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id,
                         temperature=cfg.rollout.temperature)

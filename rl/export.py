@@ -25,8 +25,7 @@ from rl.checkpoint import CheckpointError, list_tags, verify
 from rl.config import to_yaml
 from rl.configure import load_config
 from student import safe_load
-from student.model import model_config
-from student.tokenizer import load_tokenizer
+from student.model import build_tokenizer, model_config
 
 
 def consolidated_state_dict(run_dir: Path, tag: str, zero_stage: int) -> dict[str, torch.Tensor]:
@@ -73,7 +72,7 @@ def export(run_dir: str | Path, out_dir: str | Path, step: int | None = None) ->
     problem = verify(run_dir / "checkpoints" / tag)
     if problem:
         raise CheckpointError(f"{run_dir / 'checkpoints' / tag}: not exported: {problem}")
-    tok = load_tokenizer(cfg.student.tokenizer, cfg.student.checkpoint)
+    tok = build_tokenizer(cfg.student)
     if cfg.student.checkpoint:
         from transformers import AutoConfig
         hf_config = AutoConfig.from_pretrained(cfg.student.checkpoint)

@@ -33,7 +33,7 @@ from rl.checkpoint import list_tags, verify
 from rl.config import RunConfig
 from rl.configure import load_config
 from rl.runlog import is_run_folder
-from student.tokenizer import Tokenizer, load_tokenizer
+from student.tokenizer import Tokenizer
 
 EXPORT_CONFIG = "hintrl_config.yaml"      # the run's resolved config, written into an export folder
 
@@ -109,7 +109,8 @@ def checkpoint_model(run_dir: Path, tag: str, cfg: RunConfig, tok: Tokenizer) ->
 
 def _tokenizer(cfg: RunConfig, folder) -> Tokenizer:
     try:
-        return load_tokenizer(cfg.student.tokenizer, str(folder))
+        from student.model import build_tokenizer
+        return build_tokenizer(dataclasses.replace(cfg.student, checkpoint=str(folder)))
     except (OSError, ValueError) as err:
         raise PolicyLoadError(str(err)) from None
 

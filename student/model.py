@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from student.experts import use_hintrl_gating
 from student.registry import Registry
-from student.tokenizer import ByteTokenizer
+from student.tokenizer import KINDS as TOKENIZERS, ByteTokenizer, Tokenizer
 
 
 @dataclass
@@ -53,11 +53,9 @@ class StudentConfig:
         to check (ARCHITECTURES)."""
         from transformers.integrations.moe import ExpertsInterface
 
-        from student.tokenizer import KINDS
-
         problems = []
-        if self.tokenizer not in KINDS:
-            problems.append(f"student.tokenizer={self.tokenizer!r} is not valid; choose one of {list(KINDS)}")
+        if self.tokenizer not in TOKENIZERS:
+            problems.append(f"student.tokenizer={self.tokenizer!r} is not valid; choose one of {list(TOKENIZERS)}")
         elif self.tokenizer == "auto" and not self.checkpoint:
             problems.append("student.tokenizer=auto reads the tokenizer of student.checkpoint, which is not set")
         if self.dtype not in self.DTYPES:
@@ -163,7 +161,20 @@ def model_config(cfg: StudentConfig, tok: ByteTokenizer) -> transformers.Pretrai
     return ARCHITECTURES[cfg.arch](cfg, tok)
 
 
-def build_student(cfg: StudentConfig, tok: ByteTokenizer) -> PreTrainedModel:
+def build_tokenizer(cfg: StudentConfig) -> Tokenizer:
+    """`student.tokenizer`: "byte" (built in code, for students trained from scratch) or "auto" (the
+    tokenizer and chat template of the `student.checkpoint` folder)."""
+    if cfg.tokenizer == "byte":
+        return ByteTokenizer()
+    if cfg.tokenizer == "auto":
+        if not cfg.checkpoint:
+            raise ValueError("student.tokenizer=auto reads the tokenizer of student.checkpoint, which is not set")
+        from student.chat_tokenizer import ChatTokenizer
+        return ChatTokenizer.from_pretrained(cfg.checkpoint)
+    raise ValueError(f"student.tokenizer={cfg.tokenizer!r} is unknown; choose one of {list(TOKENIZERS)}")
+
+
+def build_student(cfg: StudentConfig, tok: Tokenizer) -> PreTrainedModel:
     """A randomly initialised MoE causal LM (or `cfg.checkpoint` when set).
 
     Initialisation draws from torch's global RNG, so callers seed first for reproducible runs.

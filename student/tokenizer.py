@@ -1,7 +1,7 @@
 """A student's tokenizer (`student.tokenizer`): the interface every producer of token ids uses
 (`Tokenizer`), and the byte-level tokenizer built in code, for students trained from scratch (no
 downloads). A pretrained checkpoint's own tokenizer and chat template is `student.tokenizer=auto`
-(student/chat_tokenizer.py), behind the same interface; `load_tokenizer` builds either.
+(student/chat_tokenizer.py), behind the same interface; student/model.py::build_tokenizer builds either.
 
 Ids 0..255 are raw UTF-8 bytes; a few specials follow. The chat layout is fixed here because the
 student learns it during warm-start, so every producer of token ids (rollout, teacher scoring,
@@ -52,19 +52,6 @@ class Tokenizer(Protocol):
     def render_reply(self, messages: list[dict], hint: str | None = None) -> list[int]: ...
     def insert_hint(self, context: list[int], hint: str) -> list[int]: ...
     def to_transformers(self): ...
-
-
-def load_tokenizer(kind: str, checkpoint: str = "") -> Tokenizer:
-    """`student.tokenizer`: "byte" (built here, for students trained from scratch) or "auto" (the
-    checkpoint folder's own tokenizer and chat template)."""
-    if kind == "byte":
-        return ByteTokenizer()
-    if kind == "auto":
-        if not checkpoint:
-            raise ValueError("student.tokenizer=auto reads the tokenizer of student.checkpoint, which is not set")
-        from student.chat_tokenizer import ChatTokenizer
-        return ChatTokenizer.from_pretrained(checkpoint)
-    raise ValueError(f"student.tokenizer={kind!r} is unknown; choose one of {list(KINDS)}")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from rl.tasks import TaskSource
 from rl.warmstart import split_demonstration
 from student import StudentConfig
 from student.chat_tokenizer import ChatTokenizer
-from student.tokenizer import load_tokenizer
+from student.model import build_tokenizer
 
 PROMPT = "What is 15 - 43 + 7?"
 
@@ -117,7 +117,7 @@ def test_the_student_config_names_the_tokenizer_a_checkpoint_needs(tiny_pretrain
     assert any("vocabulary of 49152 tokens" in p and "student.tokenizer=auto" in p for p in byte), byte
     assert StudentConfig(checkpoint=str(tiny_pretrained), tokenizer="auto").check() == []
     assert "choose one of ['byte', 'auto']" in " ".join(StudentConfig(tokenizer="bpe").check())
-    assert load_tokenizer("auto", str(tiny_pretrained)).vocab_size == 49152
+    assert build_tokenizer(StudentConfig(checkpoint=str(tiny_pretrained), tokenizer="auto")).vocab_size == 49152
 
 
 @pytest.mark.slow
