@@ -258,3 +258,35 @@ def test_a_missing_engine_environment_stops_the_run_with_the_key_to_fix(tmp_path
                       f"output_dir={tmp_path}", "run_name=x"])
     assert result.returncode == 1
     assert "rollout engine error: rollout.vllm.python='/nonexistent/python' does not exist" in result.stderr
+
+
+def test_a_pretrained_format_student_trains_through_the_engine_and_its_export_decodes_alike(tmp_path,
+                                                                                            tiny_pretrained):
+    """A checkpoint with its own tokenizer (SmolLM2's, 49,152 tokens) served by the engine: the run
+    samples through it with the policy's distribution, and the exported student greedy-decodes
+    the same tokens in vLLM and in transformers."""
+    from conftest import TINY_RUN
+    from rl.export import export
+    from rl.load_policy import load_policy
+    from student.policy import Sampling
+    from student.vllm_policy import EngineSettings, VLLMEngine, VLLMPolicy
+
+    out = tmp_path / "runs"
+    result = run_cli(["experiments/default", *TINY_RUN, f"student.checkpoint={tiny_pretrained}",
+                      "student.tokenizer=auto", "rollout.engine=vllm", "method.name=hint_distill",
+                      f"output_dir={out}", "run_name=smol"], timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "default" / "smol" / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in rows if "rollout/logprob_mismatch_max" in r]
+    assert rl and all(r["rollout/logprob_mismatch_max"] < 1e-4 for r in rl)
+    loaded = load_policy(export(out / "default" / "smol", tmp_path / "export"), device="cpu")
+    tok = loaded.tok
+    engine = VLLMEngine(loaded.model, EngineSettings(), tmp_path / "engine.log")
+    try:
+        served = VLLMPolicy(engine, loaded.policy, pad_id=tok.pad_id, banned_ids=tok.never_sampled)
+        prompts = [tok.render_prompt(p) for p in ("What is 2 + 3?", "Write the number 4821.")]
+        greedy = Sampling(max_new_tokens=8, eos_id=tok.eos_id, pad_id=tok.pad_id, greedy=True)
+        assert torch.equal(served.generate(prompts, greedy).completion_ids_NC,
+                           loaded.policy.generate(prompts, greedy).completion_ids_NC)
+    finally:
+        engine.close()
