@@ -32,10 +32,15 @@ def test_the_study_folders_are_found():
     assert {"repro-guide", "repro-sdpo", "repro-opd", "composer-targeted-hint", "guide-partial-hints"} <= set(STUDIES)
 
 
+# Studies of one seed, each with why (their READMEs label every number n=1).
+ONE_SEED = {"smol-moe": "a 373M-parameter pretrained student on 2 CPU cores (issue 33 asks for one seed, labelled)"}
+
+
 @pytest.mark.parametrize("name", STUDIES)
 def test_every_study_folder_loads(name):
     study = load_study(ROOT / "experiments" / name)
-    assert study.seeds[:3] == [0, 1, 2] and study.target_bucket in ("hard", "hidden") and study.target_arm == "grpo"
+    assert study.seeds[:3] == ([0] if name in ONE_SEED else [0, 1, 2]), "three seeds at least, or a reason"
+    assert study.target_bucket in ("hard", "hidden") and study.target_arm == "grpo"
     assert any("shuffle" in o or "easy" in o or "decoy" in o for a in study.arms for o in a.overrides), "a control arm"
 
 
