@@ -248,7 +248,7 @@ RANGES: tuple[tuple[str, Any, str], ...] = (
         "warmstart.warmup_steps", "trainer.weight_decay", "trainer.log_rollouts", "trainer.max_nonfinite_steps",
         "trainer.threads", "teacher.temperature", "teacher.retries", "teacher.backoff_s", "teacher.cooldown_s",
         "student.router_aux_loss_coef", "deepspeed.gradient_clipping", "deepspeed.param_persistence_threshold",
-        "rollout.vllm.max_engine_vocab", "eval.pass_k")),
+        "rollout.vllm.max_engine_vocab", "eval.pass_k", "student.upcycle_experts", "student.upcycle_noise")),
     ("warmstart.hint_fraction", lambda v: 0 <= v <= 1, "in [0, 1]"),
     ("warmstart.hint_fraction_by_bucket", lambda v: all(0 <= f <= 1 for f in v.values()), "fractions in [0, 1]"),
     ("warmstart.min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]"),
@@ -290,8 +290,6 @@ def _prepare_student_checkpoint(cfg: RunConfig) -> None:
     from student.pretrained import student_folder
 
     s = cfg.student
-    if s.upcycle_experts < 0:
-        raise ConfigError(f"student.upcycle_experts={s.upcycle_experts} must be >= 0 (0: no upcycling)")
     if s.upcycle_experts and not s.checkpoint:
         raise ConfigError("student.upcycle_experts upcycles student.checkpoint (a dense model), which is not set")
     try:

@@ -41,6 +41,7 @@ ENUMS = {
     "task.render": "question", "task.reward": "binary", "task.source": "reasoning_gym", "task.match": "math",
     "task.name": "basic_arithmetic", "task.environment": "answer", "student.arch": "qwen3_moe",
     "student.experts_implementation": "hintrl", "student.attn_implementation": "sdpa", "student.dtype": "float32",
+    "student.tokenizer": "byte",
     "teacher.kind": "rule", "teacher.reveal": "mismatch", "rollout.engine": "local", "deepspeed.dtype": "fp32",
     "method.name": "grpo", "warmstart.teacher": "rule", "warmstart.decay": "cosine",
 }
@@ -67,10 +68,11 @@ BAD_NUMBERS = {
                      "method.clip_eps", "method.is_clip", "method.shape_gamma"), P_FLOAT),
     **dict.fromkeys(("teacher.retries", "rollout.vllm.max_engine_vocab", "warmstart.steps", "warmstart.warmup_steps",
                      "trainer.steps", "trainer.warmup_steps", "trainer.log_rollouts", "trainer.max_nonfinite_steps",
-                     "trainer.threads", "deepspeed.param_persistence_threshold", "eval.pass_k"), NN_INT),
+                     "trainer.threads", "deepspeed.param_persistence_threshold", "eval.pass_k",
+                     "student.upcycle_experts"), NN_INT),
     **dict.fromkeys(("student.router_aux_loss_coef", "teacher.temperature", "teacher.backoff_s", "teacher.cooldown_s",
                      "warmstart.lr", "trainer.lr", "trainer.weight_decay", "deepspeed.gradient_clipping",
-                     "method.pg_coef", "method.distill_coef"), NN_FLOAT),
+                     "method.pg_coef", "method.distill_coef", "student.upcycle_noise"), NN_FLOAT),
     "rollout.attempts_per_prompt": ("0", "1", "-2"),          # 1: a group needs two (trainer.steps > 0)
     "rollout.temperature": ("0", "-1.0", "-0.01"),
     "warmstart.hint_fraction": ("1.5", "-0.1", "2"),
