@@ -47,7 +47,11 @@ class ChatTokenizer:
         self.eos_id = self._end_of_turn()
         self.pad_id = self._pad()
         self.bos_id = hf.bos_token_id if hf.bos_token_id is not None else self.pad_id
-        self._generation_prompt = self._diff([_user()], [_user()], add_generation_prompt=True)
+        # The template's fixed pieces, read once (rollouts call render_reply and insert_hint per message).
+        self._opening = self.encode(self._diff([_user()], [_user()], add_generation_prompt=True))
+        answered = self._text(_ANSWERED)
+        eot = self.hf.convert_ids_to_tokens(self.eos_id)
+        self._after_end_of_turn = answered[answered.rindex(eot) + len(eot):]     # e.g. the "\n" after <|im_end|>
 
     @classmethod
     def from_pretrained(cls, folder: str | Path) -> "ChatTokenizer":
@@ -148,17 +152,12 @@ class ChatTokenizer:
 
     def render_reply(self, messages: list[dict], hint: str | None = None) -> list[int]:
         """What follows an assistant message's end-of-turn token through the next generation prompt."""
-        answered = [_user(), {"role": "assistant", "content": _ANSWER}]
         more = self._conversation(messages) + ([_hint(hint)] if hint else [])
-        text = self._diff(answered, answered + more, add_generation_prompt=True)
-        turn_end = self._text(answered)
-        eot = self.hf.convert_ids_to_tokens(self.eos_id)
-        tail = turn_end[turn_end.rindex(eot) + len(eot):]        # e.g. the "\n" after <|im_end|>
-        return self.encode(tail + text)
+        return self.encode(self._after_end_of_turn + self._diff(_ANSWERED, _ANSWERED + more, add_generation_prompt=True))
 
     def insert_hint(self, context: list[int], hint: str) -> list[int]:
         """`context` (ending in the generation prompt) with a hint turn right before that prompt."""
-        opening = self.encode(self._generation_prompt)
+        opening = self._opening
         if context[-len(opening):] != opening:
             raise ValueError("a hint goes before the generation prompt that ends the context, which this one lacks")
         turn = self.encode(self._diff([_user()], [_user(), _hint(hint)]))
@@ -170,6 +169,9 @@ class ChatTokenizer:
 
 def _user() -> dict:
     return {"role": "user", "content": _USER}
+
+
+_ANSWERED = [_user(), {"role": "assistant", "content": _ANSWER}]     # a conversation that ends in an answer
 
 
 def _hint(text: str) -> dict:
