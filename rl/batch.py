@@ -98,6 +98,9 @@ class Batch:
     advantages_N: torch.Tensor | None = per_row(derived=True)
     weight_N: torch.Tensor | None = per_row(optional=True)   # per-row weight on the policy-gradient term (default 1)
     transcripts: list | None = per_row(optional=True)   # rl.episodes.Transcript per row: its messages and their token spans
+    # bool: the row is trained (default all). A method may keep a row for the step's statistics and
+    # logs but leave it out of the update, e.g. an attempt a correction took the place of.
+    trained_N: torch.Tensor | None = per_row(optional=True)
     # per step
     targets: dict[str, RowTargets] = field(default_factory=dict)   # renumbered by `select`
     hinted: Any = None                   # rl.hints.HintedRows of the step, if a teacher was asked
@@ -106,6 +109,8 @@ class Batch:
     def __post_init__(self):
         if self.weight_N is None:
             self.weight_N = torch.ones(len(self.prompt_ids), device=self.completion_ids_NC.device)
+        if self.trained_N is None:
+            self.trained_N = torch.ones(len(self.prompt_ids), dtype=torch.bool, device=self.completion_ids_NC.device)
 
     @property
     def n(self) -> int:
@@ -130,6 +135,12 @@ class Batch:
 
         return replace(self, targets={k: t.select(index) for k, t in self.targets.items()},
                        **{f.name: rows(getattr(self, f.name)) for f in _row_fields()})
+
+    def trained(self) -> "Batch":
+        """The rows the update trains on: this batch itself when that is every row."""
+        if bool(self.trained_N.all()):
+            return self
+        return self.select(self.trained_N.nonzero().flatten().tolist())
 
     def add_rows(self, more: "Batch", pad_id: int) -> None:
         """Append `more`'s rows to this batch, in place; its advantages are then unset (the caller

@@ -49,6 +49,42 @@ def test_corrected_replay_adds_hint_free_rows_to_their_groups(tmp_path):
     assert out["router/replay_mismatch"] < 0.05        # free tokens are not counted as forced
 
 
+@pytest.mark.parametrize("place", ["replace", "mixin"])
+def test_corrected_replay_in_place_keeps_the_batch_size(tmp_path, place):
+    """Guide's accounting: a correction takes its attempt's place (mixin: only a successful one),
+    so the update trains as many rows as the rollout had; the attempts stay in the step's records."""
+    tr = _trainer(tmp_path, place, "method.name=corrected_replay", "method.when=failed", f"method.place={place}")
+    rollout_rows = tr.cfg.rollout.prompts_per_step * tr.cfg.rollout.attempts_per_prompt
+    batch, metrics = tr.collect()
+    hinted = batch.hinted
+    added = [i for i, s in enumerate(batch.source) if s == "corrected"]
+    assert hinted.rows and len(added) == len(hinted.rows) and batch.n == rollout_rows + len(added)
+    succeeded = [batch.verdicts[i].reward >= 1.0 for i in added]
+    takes_place = [True] * len(added) if place == "replace" else succeeded
+    assert batch.trained_N[added].tolist() == takes_place
+    for row, source, took in zip(added, hinted.rows, takes_place):
+        assert bool(batch.trained_N[source]) is not took           # the attempt or its correction, not both
+    assert int(batch.trained_N.sum()) == rollout_rows and metrics["corrected/replaced"] == sum(takes_place)
+    # advantages over each group's trained rows; rows left out get none
+    assert (batch.advantages_N[~batch.trained_N] == 0).all()
+    for g in batch.group_N.unique():
+        assert batch.advantages_N[(batch.group_N == g) & batch.trained_N].sum().abs() < 1e-5
+    tr.budget.close_step()                                   # the rollout's counts
+    tr.update(batch)
+    trained = tr.budget.close_step()["budget/trained_tokens"]
+    assert trained == sum(len(batch.prompt_ids[i]) + int(batch.mask_NC[i].sum())
+                          for i in range(batch.n) if batch.trained_N[i])
+
+
+def test_corrected_replay_in_place_needs_one_correction_per_attempt():
+    from rl.config import ConfigError
+    from rl.configure import load_config
+
+    with pytest.raises(ConfigError, match="corrections_per_attempt=2 must be 1"):
+        load_config("experiments/default", ["method.name=corrected_replay", "method.place=replace",
+                                            "method.corrections_per_attempt=2"])
+
+
 def test_corrected_replay_all_fail_only_asks_about_groups_without_a_success(tmp_path):
     from rl.methods.corrected_replay import candidates
 

@@ -3,10 +3,20 @@
 Guide-GRPO (Nath et al. 2025, arXiv 2506.13923): for failed attempts that got a teacher hint
 (`when: all_fail`, Guide's setting, only in groups where every attempt failed; `failed`: every
 failed attempt), the student regenerates the target message with the hint in its context
-(`corrections_per_attempt` samples each), the verifier scores the regenerations, and they join
-their prompt's group as extra rows whose context is the problem *without* the hint. Advantages are
-taken over the grown group, so a corrected success in an all-fail group is the group's only
-positive signal. The rollout rows keep GRPO's PPO-clip term; the corrected rows' term weighs each
+(`corrections_per_attempt` samples each), the verifier scores the regenerations, and they are
+trained as rows whose context is the problem *without* the hint, in their prompt's group. Where
+they go (`place`):
+
+    join     (default) extra rows: the group grows, the failed attempts stay and are trained too
+    replace  each correction takes the place of the attempt it corrects, successful or not: the
+             batch keeps its size, as in Guide, which re-rolls an all-fail group under the hint and
+             trains the hinted group instead (guide_rl `_roll_with_prompt_variant`, `mixin: false`)
+    mixin    only successful corrections take their attempt's place; a failed one gives it back to
+             the original attempt (guide_rl's `scale_reasoning.mixin: true`)
+
+An attempt whose correction took its place stays in the step's statistics and logs and is left out
+of the update (`Batch.trained_N`). Advantages are taken over the trained rows of each group, so a
+corrected success in an all-fail group is the group's only positive signal. The rollout rows keep GRPO's PPO-clip term; the corrected rows' term weighs each
 token by `method.weight` (rl/losses.py::corrected_trajectory_loss, each with its paper's equation):
 
     guide  (default) r/(r+γ), r = π_θ(y_t|x) / π_old(y_t|x,h), γ = the batch's 90th-percentile r; no clip
@@ -23,6 +33,7 @@ often the hint-free router picks other experts for them than the hinted generati
 measurement, not part of the method, and is not counted in the step's budget.
 
 Metrics: corrected/success_rate (share of regenerations the verifier accepts), corrected/rows,
+corrected/replaced (attempts a correction took the place of: `place` replace or mixin),
 corrected/weight_pos_mean (mean gradient weight on tokens with A > 0), corrected/seq_weight/<bucket>
 (mean over successful corrections of the product of their tokens' weights: how much of a supervised
 example one success is worth), corrected/is_ratio_mean (≈ 1 by identity: not evidence of anything),
@@ -53,14 +64,18 @@ class CorrectedReplayConfig(MethodConfig):
     shape_gamma: float = 0.1                 # luffy: γ of π/(π+γ)
     is_clip: float = 2.0                     # is: truncation of the per-token importance weight
     check_routes: bool = False               # measure corrected/route_mismatch (a diagnostic: one more forward a step)
+    place: str = "join"                      # join (extra rows), replace or mixin (Guide: the batch keeps its size)
 
     CHOICES: ClassVar[dict[str, tuple]] = {**MethodConfig.CHOICES, "when": ("all_fail", "failed"),
-                                           "weight": CORRECTION_WEIGHTS}
+                                           "weight": CORRECTION_WEIGHTS, "place": ("join", "replace", "mixin")}
 
     def check(self) -> list[str]:
         problems = super().check()
         if self.corrections_per_attempt < 1:
             problems.append(f"method.corrections_per_attempt={self.corrections_per_attempt} must be >= 1")
+        if self.place != "join" and self.corrections_per_attempt != 1:
+            problems.append(f"method.place={self.place} puts one correction in its attempt's place: "
+                            f"method.corrections_per_attempt={self.corrections_per_attempt} must be 1")
         if self.is_clip <= 0:
             problems.append(f"method.is_clip={self.is_clip} must be > 0")
         if not 0 < self.guide_quantile <= 1:
@@ -77,6 +92,14 @@ def candidates(batch: Batch, when: str) -> list[int]:
         return failed
     solved_groups = {int(batch.group_N[i]) for i, v in enumerate(batch.verdicts) if v.reward >= 1.0}
     return [i for i in failed if int(batch.group_N[i]) not in solved_groups]
+
+
+def trained_group_advantages(batch: Batch, std_norm: bool) -> torch.Tensor:
+    """Group-relative advantages over each group's trained rows; 0 on the rows left out."""
+    rows = batch.trained_N.nonzero().flatten()
+    adv_N = torch.zeros(batch.n, device=batch.rewards_N.device)
+    adv_N[rows] = group_advantages(batch.rewards_N[rows], batch.group_N[rows], std_norm)
+    return adv_N
 
 
 class CorrectedReplay(GRPO):
@@ -120,18 +143,23 @@ class CorrectedReplay(GRPO):
             hinted_routes = [join_rows([c.new_full((s, c.size(-1)), -1) for s in starts], g, -1, fed)
                              for c, g in zip(batch.routes.completion, roll.routes.completion)]
             metrics["corrected/route_mismatch"] = self._route_mismatch(ctx, corrected, hinted_routes)
-        if m.weight == "guide":
+        if m.place != "join":
+            takes_place = [True] * len(source) if m.place == "replace" else [v.reward >= 1.0 for v in verdicts]
+            corrected.trained_N = torch.tensor(takes_place, device=batch.trained_N.device)
+            batch.trained_N[[r for r, t in zip(source, takes_place) if t]] = False
+            metrics["corrected/replaced"] = float(sum(takes_place))
+        trained = corrected.trained()
+        if m.weight == "guide" and trained.n:
             # γ once for the step, from the hint-free policy before the update (as the training
             # forward will see it: one epoch), so gradient accumulation does not change it. A
             # scoring pass of the method's own (counted), with the router free.
             with torch.no_grad():
-                free = ctx.policy.score(corrected.prompt_ids, corrected.completion_ids_NC,
-                                            temperature=ctx.cfg.rollout.temperature)
-            gamma = guide_gamma(free.logprobs_NC, corrected.old_logprobs_NC, corrected.mask_NC, m.guide_quantile)
+                free = ctx.policy.score(trained.prompt_ids, trained.completion_ids_NC,
+                                        temperature=ctx.cfg.rollout.temperature)
+            batch.correction_gamma = guide_gamma(free.logprobs_NC, trained.old_logprobs_NC, trained.mask_NC,
+                                                 m.guide_quantile)
         batch.add_rows(corrected, ctx.tok.pad_id)
-        if m.weight == "guide":
-            batch.correction_gamma = gamma
-        batch.advantages_N = group_advantages(batch.rewards_N, batch.group_N, m.adv_std_norm)
+        batch.advantages_N = trained_group_advantages(batch, m.adv_std_norm)
         metrics.update({"corrected/rows": float(len(source)),
                         "corrected/success_rate": sum(v.reward >= 1.0 for v in verdicts) / len(verdicts)})
         if batch.transcripts is not None and ctx.cfg.rollout.max_turns > 1:
