@@ -8,9 +8,10 @@ threads, one seed. The initial weights are saved once (an HF folder) and every c
 them; every contender sees the same problems in the same order.
 
 Contenders: our methods (`OURS`: `grpo`; `hint_distill` with the rule teacher, live and with an
-EMA self-teacher; `corrected_replay`; `self_distill` shown the verifier's feedback as well as any
-successful sibling, so every failed attempt is scored; `teacher_distill` from a second random
-model of the same size), TRL `GRPOTrainer`, and TRL's SDPO trainer fed the same per-attempt hints
+EMA self-teacher; `corrected_replay`, its corrections joining their groups (the default) or, as
+Guide does, taking their attempts' places (`corrected_replay_replace`); `self_distill` shown the
+verifier's feedback as well as any successful sibling, so every failed attempt is scored;
+`teacher_distill` from a second random model of the same size), TRL `GRPOTrainer`, and TRL's SDPO trainer fed the same per-attempt hints
 (benchmarks/_trl.py). Each runs in its own subprocess, so
 peak RSS (ru_maxrss) is its own. A step is timed wall to wall: for ours the trainer's `rl_step`
 plus its metrics logging, for TRL the time between consecutive `on_step_end` callbacks (its
@@ -54,6 +55,7 @@ OURS = {
     "hint_distill": ["method.name=hint_distill"],
     "hint_distill_ema": ["method.name=hint_distill", "method.teacher_weights=ema"],
     "corrected_replay": ["method.name=corrected_replay"],
+    "corrected_replay_replace": ["method.name=corrected_replay", "method.place=replace"],
     "self_distill": ["method.name=self_distill", "method.context=solution_and_feedback"],
     "teacher_distill": ["method.name=teacher_distill", "method.teacher_path={teacher}"],
 }
