@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import CHILD_PYTHONPATH, TINY, run_cli
+from conftest import CHILD_PYTHONPATH, TINY, TINY_RUN, run_cli
 
 pytestmark = pytest.mark.slow   # every test here launches two ranks (torchrun), most of them whole runs
 
@@ -145,6 +145,26 @@ def test_zero3_loads_a_checkpoint_partitioned(two_rank_run, tmp_path):
     assert_close_runs(metrics_of(a), metrics_of(b), rtol=1e-6, atol=1e-7)
     # Trained weights, not a fresh init: the first loss differs from the from-config run's.
     assert abs(metrics_of(a)[1]["loss/sft"] - metrics_of(src)[1]["loss/sft"]) > 1e-3
+
+
+@pytest.mark.parametrize("name,layout", [("pt-z3", ["deepspeed.zero_stage=3"]),
+                                         ("pt-ep2", ["deepspeed.zero_stage=2", "deepspeed.expert_parallel_size=2"])])
+def test_a_pretrained_student_with_its_own_tokenizer_trains_sharded(two_rank_run, tiny_pretrained, name, layout):
+    """A Hub-format MoE (Mixtral, SmolLM2's 49,152-token vocabulary and chat template, loaded with
+    `student.tokenizer=auto`) under ZeRO-3 and with its experts split over the ranks trains as under
+    ZeRO-0: the same samples, the same losses up to reduction order."""
+    student = [k for k in TINY_RUN if k.startswith("student.")] + [f"student.checkpoint={tiny_pretrained}",
+                                                                   "student.tokenizer=auto"]
+    ref_dir, _ = two_rank_run("pt-z0", "deepspeed.zero_stage=0", *student)
+    run_dir, out = two_rank_run(name, *layout, *student)
+    if name == "pt-z3":
+        assert "ZeRO-3" in out.stdout
+    else:
+        assert {"expert_shard_ep0.pt", "expert_shard_ep1.pt"} <= {
+            p.name for p in (run_dir / "checkpoints" / "step_0000007").iterdir()}
+    rollouts = [json.loads(line) for line in (ref_dir / "rollouts.jsonl").read_text().splitlines()]
+    assert rollouts and (run_dir / "rollouts.jsonl").read_text() == (ref_dir / "rollouts.jsonl").read_text()
+    assert_close_runs(metrics_of(ref_dir), metrics_of(run_dir), skip=("router/replay_mismatch",))
 
 
 def test_launcher_rank_count_must_match_the_config(tmp_path):
