@@ -172,9 +172,15 @@ def check_gate(gate: dict | None, gap: dict, where: str) -> None:
         return
     over = gate_margin(gate, gap)
     if over is None or over < gate["min_over_none"]:
+        # A hinted retry can add at most what the plain retry leaves unsolved: where that is below the
+        # gate (a rule a blind guess often hits), the gate is what is wrong, not the warm-start.
+        ceiling = 1.0 - gap[gate["bucket"]].get("none", {}).get("accuracy", 0.0)
+        why = (f"no retry can beat the plain one (accuracy {1 - ceiling:.3f}) by more than {ceiling:.3f} here: "
+               "lower gate.min_over_none" if ceiling < gate["min_over_none"] else
+               "the warm-started student does not read the hint well enough for this study to answer its "
+               "question; fix the warm-start first")
         raise GateError(f"{where}: the {gate['kind']} retry beats the plain retry on {gate['bucket']} by {over} "
-                        f"< gate.min_over_none={gate['min_over_none']:g}: the warm-started student does not read "
-                        "the hint well enough for this study to answer its question; fix the warm-start first")
+                        f"< gate.min_over_none={gate['min_over_none']:g}: {why}")
 
 
 class GateError(RuntimeError):
