@@ -66,4 +66,5 @@ def test_a_bad_sweep_file_names_the_key(tmp_path):
 def test_the_hidden_rule_sweep_file_loads():
     from rl.sweep import load_sweep
     sweep = load_sweep(ROOT / "experiments/hidden-rule")
-    assert [f.name for f in sweep["folders"]] == ["hidden-rule-bits4", "hidden-rule", "hidden-rule-bits12", "hidden-rule-bits16"]
+    assert [f.name for f in sweep["folders"]] == ["hidden-rule-bits1", "hidden-rule-bits4", "hidden-rule",
+                                                "hidden-rule-bits12", "hidden-rule-bits16"]
