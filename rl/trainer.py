@@ -329,9 +329,9 @@ class Trainer:
         return batch, metrics
 
     def update(self, batch: Batch) -> dict[str, float]:
-        """One optimizer update on the batch's trained rows: per gradient-accumulation micro-batch, the training
-        forward (what the method needs, the rollout's routes replayed), the method's loss terms over
-        the step's one normaliser, backward; the optimizer step after the last."""
+        """One optimizer update on the batch's trained rows (`Batch.trained`): per gradient-accumulation
+        micro-batch, the training forward (what the method needs, the rollout's routes replayed), the
+        method's loss terms over the step's one normaliser, backward; the optimizer step after the last."""
         cfg = self.cfg
         batch = batch.trained()
         norm = self._normaliser(cfg.method.loss_norm, batch.mask_NC, batch.n)

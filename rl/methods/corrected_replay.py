@@ -16,8 +16,9 @@ they go (`place`):
 
 An attempt whose correction took its place stays in the step's statistics and logs and is left out
 of the update (`Batch.trained_N`). Advantages are taken over the trained rows of each group, so a
-corrected success in an all-fail group is the group's only positive signal. The rollout rows keep GRPO's PPO-clip term; the corrected rows' term weighs each
-token by `method.weight` (rl/losses.py::corrected_trajectory_loss, each with its paper's equation):
+corrected success in an all-fail group is the group's only positive signal. The rollout rows keep
+GRPO's PPO-clip term; the corrected rows' term weighs each token by `method.weight`
+(rl/losses.py::corrected_trajectory_loss, each with its paper's equation):
 
     guide  (default) r/(r+γ), r = π_θ(y_t|x) / π_old(y_t|x,h), γ = the batch's 90th-percentile r; no clip
     luffy  π_θ/(π_θ+`shape_gamma`), the behaviour probability taken as 1 (LUFFY, Critique-GRPO)
