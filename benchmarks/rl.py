@@ -8,8 +8,8 @@ threads, one seed. The initial weights are saved once (an HF folder) and every c
 them; every contender sees the same problems in the same order.
 
 Contenders: our methods (`OURS`: `grpo`; `hint_distill` with the rule teacher, live and with an
-EMA self-teacher; `corrected_replay`, its corrections joining their groups (the default) or, as
-Guide does, taking their attempts' places (`corrected_replay_replace`); `self_distill` shown the
+EMA self-teacher; `corrected_replay`, its corrections taking their attempts' places as Guide does
+(the default) or joining their groups as extra rows (`corrected_replay_join`); `self_distill` shown the
 verifier's feedback as well as any successful sibling, so every failed attempt is scored;
 `teacher_distill` from a second random model of the same size), TRL `GRPOTrainer`, and TRL's SDPO trainer fed the same per-attempt hints
 (benchmarks/_trl.py). Each runs in its own subprocess, so
@@ -55,7 +55,7 @@ OURS = {
     "hint_distill": ["method.name=hint_distill"],
     "hint_distill_ema": ["method.name=hint_distill", "method.teacher_weights=ema"],
     "corrected_replay": ["method.name=corrected_replay"],
-    "corrected_replay_replace": ["method.name=corrected_replay", "method.place=replace"],
+    "corrected_replay_join": ["method.name=corrected_replay", "method.place=join"],
     "self_distill": ["method.name=self_distill", "method.context=solution_and_feedback"],
     "teacher_distill": ["method.name=teacher_distill", "method.teacher_path={teacher}"],
 }

@@ -18,7 +18,7 @@ def _trainer(tmp_path, name, *extra):
 
 
 def test_corrected_replay_adds_hint_free_rows_to_their_groups(tmp_path):
-    tr = _trainer(tmp_path, "cr", "method.name=corrected_replay", "method.when=failed",
+    tr = _trainer(tmp_path, "cr", "method.name=corrected_replay", "method.when=failed", "method.place=join",
                   "method.corrections_per_attempt=2", "method.check_routes=true")
     rollout_rows = tr.cfg.rollout.prompts_per_step * tr.cfg.rollout.attempts_per_prompt
     batch, metrics = tr.collect()

@@ -7,12 +7,14 @@ failed attempt), the student regenerates the target message with the hint in its
 trained as rows whose context is the problem *without* the hint, in their prompt's group. Where
 they go (`place`):
 
-    join     (default) extra rows: the group grows, the failed attempts stay and are trained too
-    replace  each correction takes the place of the attempt it corrects, successful or not: the
-             batch keeps its size, as in Guide, which re-rolls an all-fail group under the hint and
-             trains the hinted group instead (guide_rl `_roll_with_prompt_variant`, `mixin: false`)
+    replace  (default) each correction takes the place of the attempt it corrects, successful or
+             not: the batch keeps its size, as in Guide, which re-rolls an all-fail group under the
+             hint and trains the hinted group instead (guide_rl `_roll_with_prompt_variant`,
+             `mixin: false`)
     mixin    only successful corrections take their attempt's place; a failed one gives it back to
              the original attempt (guide_rl's `scale_reasoning.mixin: true`)
+    join     extra rows: the group grows, the failed attempts stay and are trained too (more trained
+             tokens a step than Guide; `corrections_per_attempt` > 1 needs it)
 
 An attempt whose correction took its place stays in the step's statistics and logs and is left out
 of the update (`Batch.trained_N`). Advantages are taken over the trained rows of each group, so a
@@ -65,7 +67,7 @@ class CorrectedReplayConfig(MethodConfig):
     shape_gamma: float = 0.1                 # luffy: γ of π/(π+γ)
     is_clip: float = 2.0                     # is: truncation of the per-token importance weight
     check_routes: bool = False               # measure corrected/route_mismatch (a diagnostic: one more forward a step)
-    place: str = "join"                      # join (extra rows), replace or mixin (Guide: the batch keeps its size)
+    place: str = "replace"                   # replace or mixin (Guide: the batch keeps its size), or join (extra rows)
 
     CHOICES: ClassVar[dict[str, tuple]] = {**MethodConfig.CHOICES, "when": ("all_fail", "failed"),
                                            "weight": CORRECTION_WEIGHTS, "place": ("join", "replace", "mixin")}
@@ -76,7 +78,8 @@ class CorrectedReplayConfig(MethodConfig):
             problems.append(f"method.corrections_per_attempt={self.corrections_per_attempt} must be >= 1")
         if self.place != "join" and self.corrections_per_attempt != 1:
             problems.append(f"method.place={self.place} puts one correction in its attempt's place: "
-                            f"method.corrections_per_attempt={self.corrections_per_attempt} must be 1")
+                            f"method.corrections_per_attempt={self.corrections_per_attempt} must be 1, "
+                            "or set method.place=join to add every correction as a row of its own")
         if self.is_clip <= 0:
             problems.append(f"method.is_clip={self.is_clip} must be > 0")
         if not 0 < self.guide_quantile <= 1:
