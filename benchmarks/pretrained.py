@@ -4,12 +4,13 @@ The student of experiments/smol-moe (SmolLM2-135M-Instruct upcycled to a Mixtral
 experts top-2, 373M parameters, its own tokenizer and chat template), fp32 on the CPU, its hidden-rule
 task in words, 4 prompts x 4 attempts, at most 16 new tokens, no warm-start. Contenders, each a
 training run of its own process (`--steps` RL steps, default 6): `grpo`, `hint_distill` (frozen
-teacher), `corrected_replay`, and `grpo` on transformers' forward instead of the lean one
-(`student.lean_forward=false`). Reported per contender: the median over steps 2.. of each stage of
-the step (generation, teacher, regeneration, hinted scoring, training forward, backward, optimizer)
-and of the whole step, tokens per step (generated / scored / trained, rl/budget.py), and the
-process's peak RSS. Writes benchmarks/results/pretrained-cpu.{json,md}; with other --steps or
---contenders, into the work folder instead.
+teacher), `corrected_replay` (its corrections joining their groups, as in smol-moe's study), and
+`grpo` on transformers' forward instead of the lean one (`student.lean_forward=false`). Reported
+per contender: the median over steps 2.. of each stage of the step (generation, teacher,
+regeneration, hinted scoring, training forward, backward, optimizer) and of the whole step,
+tokens per step (generated / scored / trained, rl/budget.py), and the process's peak RSS. Writes
+benchmarks/results/pretrained-cpu.{json,md}; with other --steps or --contenders, into the work
+folder instead.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ EXPERIMENT = ROOT / "experiments" / "smol-moe"
 CONTENDERS = {
     "grpo": ["method.name=grpo"],
     "hint_distill": ["method.name=hint_distill", "method.teacher_weights=frozen"],
-    "corrected_replay": ["method.name=corrected_replay"],
+    "corrected_replay": ["method.name=corrected_replay", "method.place=join"],   # as smol-moe's arm
     "grpo_transformers_forward": ["method.name=grpo", "student.lean_forward=false"],
 }
 STEPS = 6
