@@ -23,7 +23,8 @@ def _trainer(tmp_path, ga, *extra):
     ["method.name=hint_distill"],                                       # full-vocabulary distillation
     ["method.name=hint_distill", "method.distill_estimator=sampled", "method.loss_norm=constant"],
     ["method.name=grpo", "method.adv_std_norm=true"],
-    ["method.name=corrected_replay", "method.when=failed"],                 # corrected rows, truncated IS
+    ["method.name=corrected_replay", "method.when=failed"],                 # corrections in their attempts' places
+    ["method.name=corrected_replay", "method.when=failed", "method.place=join"],   # corrections as extra rows
     ["method.name=self_distill", "method.context=feedback", "method.teacher_weights=frozen"],   # top-k JSD
 ])
 def test_one_update_whatever_the_gradient_accumulation(tmp_path, extra):
