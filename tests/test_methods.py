@@ -80,9 +80,12 @@ def test_corrected_replay_in_place_needs_one_correction_per_attempt():
     from rl.config import ConfigError
     from rl.configure import load_config
 
-    with pytest.raises(ConfigError, match="corrections_per_attempt=2 must be 1"):
-        load_config("experiments/default", ["method.name=corrected_replay", "method.place=replace",
-                                            "method.corrections_per_attempt=2"])
+    # in place is the default (Guide's): the error says which key lets several corrections in
+    with pytest.raises(ConfigError, match="corrections_per_attempt=2 must be 1, or set method.place=join"):
+        load_config("experiments/default", ["method.name=corrected_replay", "method.corrections_per_attempt=2"])
+    cfg = load_config("experiments/default", ["method.name=corrected_replay", "method.place=join",
+                                              "method.corrections_per_attempt=2"])
+    assert cfg.method.place == "join" and cfg.method.corrections_per_attempt == 2
 
 
 def test_corrected_replay_all_fail_only_asks_about_groups_without_a_success(tmp_path):
