@@ -225,6 +225,7 @@ def warmstart_key(folder: Path, seed: int) -> str:
     share one warm-start per seed: a short hash of that config."""
     cfg = load_config(folder, [f"seed={seed}"])
     cfg.experiment, cfg.run_name, cfg.output_dir, cfg.trainer.steps, cfg.trainer.threads = "", "", "", 0, 0
+    cfg.trainer.eval_at = []             # RL steps: the warm-start never reaches them
     cfg.method = type(cfg.method)()      # arms choose the method
     return hashlib.sha1(to_yaml(cfg).encode()).hexdigest()[:10]
 

@@ -150,3 +150,20 @@ def test_forgetting_is_final_minus_the_same_seeds_warm_start():
     lines = _forgetting(summary)
     row = next(line for line in lines if line.startswith("| `grpo`"))
     assert row.startswith("| `grpo` | -0.050 [") and "+0.600 [" in row and row.count("(n=2)") == 2
+
+
+def test_folders_that_differ_only_in_the_rl_phase_share_a_warm_start(tmp_path):
+    """The warm-start key ignores what only the RL phase reads (its steps, its extra evaluations,
+    the method), and not what the warm-start does."""
+    from rl.study import warmstart_key
+
+    def folder(name, text):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.yaml").write_text(f"base: {ROOT / 'experiments' / 'default'}\n{text}")
+        return tmp_path / name
+
+    plain = folder("plain", "")
+    rl_only = folder("rl_only", "trainer: {steps: 7, eval_at: [5, 10]}\nmethod: {name: hint_distill}\n")
+    longer = folder("longer", "warmstart: {steps: 3}\n")
+    assert warmstart_key(plain, 0) == warmstart_key(rl_only, 0) != warmstart_key(plain, 1)
+    assert warmstart_key(longer, 0) != warmstart_key(plain, 0)
