@@ -23,6 +23,7 @@ from omegaconf.nodes import BooleanNode
 
 from rl.config import ConfigError, MethodConfig, RunConfig
 from student.model import ARCHITECTURES
+from student.rollout_engine import ROLLOUT_ENGINES
 from teacher.base import TEACHERS
 from teacher.prompt import PromptTemplate
 
@@ -195,11 +196,9 @@ def validate(cfg: RunConfig) -> None:
     if cfg.warmstart.teacher:
         _choice(cfg.warmstart.teacher, TEACHERS, "warmstart.teacher")
     _own_checks(cfg.teacher)
-    _choice(cfg.rollout.engine, {"local", "vllm"}, "rollout.engine")
+    _choice(cfg.rollout.engine, ROLLOUT_ENGINES, "rollout.engine")
+    _own_checks(cfg.rollout.vllm)
     _choice(cfg.warmstart.decay, {"none", "cosine", "linear"}, "warmstart.decay")
-    if cfg.rollout.vllm.cpus and not re.fullmatch(r"\d+(-\d+(:\d+)?)?(,\d+(-\d+(:\d+)?)?)*", cfg.rollout.vllm.cpus):
-        raise ConfigError(f"rollout.vllm.cpus={cfg.rollout.vllm.cpus!r} is not a list of cores for taskset -c "
-                          "(e.g. 1 or 0-3,6; \"\" = any)")
     _choice(cfg.student.attn_implementation, {"sdpa", "eager", "flash_attention_2"}, "student.attn_implementation")
     if cfg.student.attn_implementation == "flash_attention_2":
         import importlib.util

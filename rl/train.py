@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     from rl.checkpoint import CheckpointError
     from rl.jsonl_task import JsonlError
     from student.safe_load import UnsafeCheckpointError
-    from student.vllm_policy import VLLMEngineError
+    from student.rollout_engine import RolloutEngineError
 
     try:
         trainer = Trainer(cfg, run_dir)
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"student, method {cfg.method.name}, seed {cfg.seed}, {trainer.world} rank(s), "
                   f"ZeRO-{cfg.deepspeed.zero_stage})", flush=True)
         final = trainer.train()
-    except VLLMEngineError as err:
+    except RolloutEngineError as err:
         # The engine is gone or wedged: stop with its message (which names its log), not a traceback.
         print(f"rollout engine error: {err}\nrun folder: {run_dir} (resume=true continues from its last "
               f"checkpoint)", file=sys.stderr)

@@ -51,6 +51,7 @@ from rl.warmstart import demonstrations, right_pad
 from student import build_student, count_parameters
 from student.build import build_policy
 from student.policy import left_pad
+from student.rollout_engine import ROLLOUT_ENGINES, EngineRequest
 from teacher import LeakGuard
 
 
@@ -93,9 +94,12 @@ class Trainer:
         # What generates and scores without gradient: the module itself, or a synced full copy (ZeRO-3).
         self.rollout = RolloutModel(self.engine, lambda: build_student(cfg.student, self.tok))
         self.policy, self.train_policy = self._policies()
-        self.vllm, self._vllm_step, self._sync_seconds = None, None, 0.0
-        if cfg.rollout.engine == "vllm":
-            self.vllm, self.policy = self._vllm_policy(self.policy)
+        self.rollout_engine = ROLLOUT_ENGINES[cfg.rollout.engine](EngineRequest(
+            self.rollout.module, self.policy, cfg.rollout, run_dir / f"{cfg.rollout.engine}-engine-rank{self.rank}.log",
+            dtype=cfg.student.dtype, seed=cfg.seed + self.rank, pad_id=self.tok.pad_id,
+            banned_ids=self.tok.never_sampled))
+        self.policy = self.rollout_engine.policy
+        self._pushed_step, self._sync_seconds = None, 0.0
         mode, ema_rate = self.method.teacher_weights()
         self.teacher_weights = TeacherWeights(
             mode, ema_rate, self.rollout, lambda: build_student(cfg.student, self.tok),
@@ -139,25 +143,16 @@ class Trainer:
                              runner=partial(call_through, self.engine), **common)
         return policy, train
 
-    def _vllm_policy(self, local):
-        """A vLLM engine process for this rank, on the rollout model's weights, and the policy over
-        it; `local` still answers what needs the trainer's forward (student/vllm_policy.py)."""
-        from student.vllm_policy import VLLMEngine, VLLMPolicy
-
-        engine = VLLMEngine(self.rollout.module, self.cfg.rollout.vllm, self.run_dir / f"vllm-engine-rank{self.rank}.log",
-                            dtype=self.cfg.student.dtype, seed=self.cfg.seed + self.rank)
-        return engine, VLLMPolicy(engine, local, pad_id=self.tok.pad_id, banned_ids=self.tok.never_sampled)
-
     def _sync_rollout(self) -> None:
-        """Bring what generates up to the trained weights: the rollout model (ZeRO-3 / EP copy) and,
-        with rollout.engine=vllm, the engine (pushed once per optimizer step, before its next use;
-        the seconds it took are logged with the step as time/weight_sync_s)."""
+        """Bring what generates up to the trained weights: the rollout model (ZeRO-3 / EP copy) and
+        a rollout engine with weights of its own (pushed once per optimizer step, before its next
+        use; the seconds it took are logged with the step as time/weight_sync_s)."""
         self.rollout.sync()
         self.rollout.module.eval()
-        if self.vllm is None or self._vllm_step == self.engine.global_steps:
+        if not self.rollout_engine.pushes_weights or self._pushed_step == self.engine.global_steps:
             return
-        self._sync_seconds += self.vllm.push_weights(self.rollout.module, f"step {self.engine.global_steps}")
-        self._vllm_step = self.engine.global_steps
+        self._sync_seconds += self.rollout_engine.push_weights(self.rollout.module, f"step {self.engine.global_steps}")
+        self._pushed_step = self.engine.global_steps
 
     @property
     def total_steps(self) -> int:
@@ -186,7 +181,7 @@ class Trainer:
                 if self._eval_due(self.step):
                     last_eval = self.evaluate()
                     metrics.update(last_eval)
-                if self.vllm is not None:
+                if self.rollout_engine.pushes_weights:
                     metrics["time/weight_sync_s"], self._sync_seconds = self._sync_seconds, 0.0
                 if not self.run_dir.is_dir():
                     # deleted under us: appending would quietly start a new, partial run folder
@@ -205,8 +200,7 @@ class Trainer:
             bar.close()
             if self.is_main:
                 self.log.close()
-            if self.vllm is not None:
-                self.vllm.close()
+            self.rollout_engine.close()
         return last_eval
 
     def _eval_due(self, s: int) -> bool:

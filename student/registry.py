@@ -1,6 +1,6 @@
 """One registry idiom for every component a config names: training methods (`method.name`),
-environments (`task.environment`), eval suites (`eval.suites`), teacher kinds (`teacher.kind`) and
-student families (`student.arch`).
+environments (`task.environment`), eval suites (`eval.suites`), teacher kinds (`teacher.kind`),
+student families (`student.arch`) and rollout engines (`rollout.engine`).
 
 A registry maps a name to where its implementation lives, "package.module:attribute", imported
 the first time that name is built: checking a name (config validation, `--list`) imports nothing

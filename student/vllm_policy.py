@@ -32,6 +32,7 @@ import atexit
 import base64
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -47,12 +48,13 @@ import numpy as np
 import torch
 
 from student.policy import Distribution, Rollout, Routes, Sampling, Scores, Turns, distinct_prompts
+from student.rollout_engine import EngineRequest, RolloutEngineError
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = Path(__file__).resolve().parent / "vllm_engine" / "server.py"
 
 
-class VLLMEngineError(RuntimeError):
+class VLLMEngineError(RolloutEngineError):
     pass
 
 
@@ -67,6 +69,12 @@ class EngineSettings:
     request_timeout_s: float = 600.0  # a request taking longer: the engine is hung, the run stops
     bucket_mb: int = 64               # weight-sync bucket size
     max_engine_vocab: int = 4096      # engine scoring returns whole-vocabulary log-probs up to this
+
+    def check(self) -> list[str]:
+        if self.cpus and not re.fullmatch(r"\d+(-\d+(:\d+)?)?(,\d+(-\d+(:\d+)?)?)*", self.cpus):
+            return [f"rollout.vllm.cpus={self.cpus!r} is not a list of cores for taskset -c (e.g. 1 or 0-3,6; "
+                    "\"\" = any)"]
+        return []
 
 
 def _unpack(d: dict) -> np.ndarray:
@@ -365,3 +373,20 @@ class VLLMPolicy:
 
 
 __all__ = ["EngineSettings", "VLLMEngine", "VLLMEngineError", "VLLMPolicy", "checkpoint_tensors"]
+
+
+class VLLMRollout:
+    """rollout.engine=vllm (student/rollout_engine.py): the engine process on the request's weights
+    (settings: `rollout.vllm`), and the policy over it."""
+    pushes_weights = True
+
+    def __init__(self, request: EngineRequest):
+        self.engine = VLLMEngine(request.module, request.settings.vllm, request.log_path, dtype=request.dtype,
+                                 seed=request.seed)
+        self.policy = VLLMPolicy(self.engine, request.local, pad_id=request.pad_id, banned_ids=request.banned_ids)
+
+    def push_weights(self, module: torch.nn.Module, label: str) -> float:
+        return self.engine.push_weights(module, label)
+
+    def close(self) -> None:
+        self.engine.close()

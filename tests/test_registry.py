@@ -62,8 +62,9 @@ def test_every_registered_name_builds_and_names_itself():
     from rl.evals import SUITES
     from rl.methods import METHODS
     from student.model import ARCHITECTURES
+    from student.rollout_engine import ROLLOUT_ENGINES
     from teacher import TEACHERS
     for reg in (METHODS, SUITES):
         assert all(impl.name == name for name, impl in reg.items())
-    for reg in (ENVIRONMENTS, TEACHERS, ARCHITECTURES):
+    for reg in (ENVIRONMENTS, TEACHERS, ARCHITECTURES, ROLLOUT_ENGINES):
         assert all(callable(impl) for _, impl in reg.items())
