@@ -157,8 +157,9 @@ def run_ours(method: str, w: Workload, init_dir: str, out_dir: Path, on_step) ->
         steps.append(metrics)
         on_step(k + 1, metrics["time/step_s"])
     trainer.log.close()
-    for m in steps:       # one column for the second model's scoring, whatever the method calls it
-        m["time/hinted_scoring_s"] = m.get("time/hinted_scoring_s", 0.0) + m.get("time/teacher_scoring_s", 0.0)
+    for m in steps:       # one column for a method's no-gradient scoring, whatever the method calls it
+        m["time/hinted_scoring_s"] = sum(m.get(f"time/{name}_s", 0.0)
+                                         for name in ("hinted_scoring", "teacher_scoring", "correction_scoring"))
     keys = ["time/step_s", "cpu_s", "tokens", "train/reward_mean", "hint/rate", *STAGES.values()]
     out = {k: [m.get(k, 0.0) for m in steps] for k in keys}
     return {"step_s": out.pop("time/step_s"), "cpu_s": out.pop("cpu_s"), "tokens": out.pop("tokens"),

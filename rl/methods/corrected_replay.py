@@ -162,6 +162,7 @@ class CorrectedReplay(GRPO):
                                         temperature=ctx.cfg.rollout.temperature)
             batch.correction_gamma = guide_gamma(free.logprobs_NC, trained.old_logprobs_NC, trained.mask_NC,
                                                  m.guide_quantile)
+            ctx.lap("correction_scoring")
         batch.add_rows(corrected, ctx.tok.pad_id)
         batch.advantages_N = trained_group_advantages(batch, m.adv_std_norm)
         metrics.update({"corrected/rows": float(len(source)),
