@@ -15,8 +15,8 @@ trainer logs the time as `time/weight_sync_s`; the local engine reads the rollou
 has nothing to push. A dead, failed or hung engine raises `RolloutEngineError` naming its log, which
 the launcher reports without a traceback (the run resumes from its last checkpoint).
 
-A new kind is a class with that shape, registered as `"package.module:Class"`; its settings, if
-any, live under `rollout.<its name>` in the run's config.
+A new kind is a class with that shape, registered as `"package.module:Class"`; it reads its
+settings from the run's `rollout` section (vLLM's are `rollout.vllm`, a section of the schema).
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class EngineRequest:
     """What a rank opens its rollout engine with."""
     module: torch.nn.Module      # the rollout model: full weights (a gathered copy under ZeRO-3 or EP)
     local: Policy                # the trainer's no-gradient policy on it, for what an engine cannot do
-    settings: Any                # the run's `rollout` config section (an engine reads rollout.<its name>)
+    settings: Any                # the run's `rollout` config section
     log_path: Path               # where an engine process writes its log
     dtype: str                   # student.dtype
     seed: int                    # this rank's sampling seed
