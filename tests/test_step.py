@@ -55,7 +55,7 @@ def test_one_update_whatever_the_gradient_accumulation(tmp_path, extra):
 
 def test_a_per_micro_batch_mean_would_have_differed():
     """The property above is not automatic: normalising each micro-batch by its own token count
-    (what the trainer did before) gives one and four micro-batches different gradients."""
+    gives one and four micro-batches different gradients."""
     from rl.batch import micro_batches
     from rl.losses import policy_gradient_loss
 

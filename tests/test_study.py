@@ -33,7 +33,7 @@ def test_the_study_folders_are_found():
 
 
 # Studies of one seed, each with why (their READMEs label every number n=1).
-ONE_SEED = {"smol-moe": "a 373M-parameter pretrained student on 2 CPU cores (issue 33 asks for one seed, labelled)"}
+ONE_SEED = {"smol-moe": "a 373M-parameter pretrained student on 2 CPU cores: one seed, labelled as such"}
 
 
 @pytest.mark.parametrize("name", STUDIES)
