@@ -25,13 +25,18 @@ FAMILIES = {
 }
 
 
-def _model(family: str, impl: str = "hintrl"):
+# Every parity test below runs where the kernels do: the CPU extension, and the CUDA one on a GPU
+# (scripts/gpu_check.sh runs this file there).
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))]
+
+
+def _model(family: str, impl: str = "hintrl", device: str = "cpu"):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(FAMILIES[family](), experts_implementation=impl).float()
     with torch.no_grad():  # from_config leaves some expert tensors at zero: randomise everything
         for p in model.parameters():
             p.normal_(0, 0.1) if p.dim() > 1 else p.uniform_(-0.1, 0.1)
-    return model
+    return model.to(device)
 
 
 def _fwd_bwd(model, ids):
@@ -45,10 +50,11 @@ def test_registered_under_hintrl():
     assert ALL_EXPERTS_FUNCTIONS["hintrl"] is student.experts.hintrl_experts_forward
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_hintrl_matches_eager(family):
-    model = _model(family, "eager")
-    ids = torch.randint(0, 64, (2, 11), generator=torch.Generator().manual_seed(1))
+def test_hintrl_matches_eager(family, device):
+    model = _model(family, "eager", device)
+    ids = torch.randint(0, 64, (2, 11), generator=torch.Generator().manual_seed(1)).to(device)
     out_eager, grads_eager = _fwd_bwd(model, ids)
     model.set_experts_implementation("hintrl")
     assert model.config._experts_implementation == "hintrl"
@@ -61,9 +67,10 @@ def test_hintrl_matches_eager(family):
         torch.testing.assert_close(grads[n], grads_eager[n], rtol=1e-4, atol=1e-6, msg=n)
 
 
-def test_hintrl_bf16_close_to_eager():
-    model = _model("qwen3_moe", "eager").to(torch.bfloat16)
-    ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(2))
+@pytest.mark.parametrize("device", DEVICES)
+def test_hintrl_bf16_close_to_eager(device):
+    model = _model("qwen3_moe", "eager", device).to(torch.bfloat16)
+    ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(2)).to(device)
     ref = model(ids).logits.float()
     model.set_experts_implementation("hintrl")
     torch.testing.assert_close(model(ids).logits.float(), ref, rtol=5e-2, atol=5e-2)
@@ -221,3 +228,20 @@ def test_router_kind_refuses_an_unknown_scoring():
 
     with pytest.raises(NotImplementedError, match="SigmoidTopKRouter: unknown expert scoring"):
         router_kind(SigmoidTopKRouter())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("device", DEVICES)
+def test_sdpa_attention_matches_eager_with_our_experts(device, dtype):
+    """student.attn_implementation=sdpa (torch's fused attention: its flash kernel on a GPU in
+    bf16) computes what eager attention does, around our experts."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, 64, (2, 13), generator=torch.Generator().manual_seed(7)).to(device)
+    logits = {}
+    for attn in ("eager", "sdpa"):
+        model = _model("qwen3_moe", "hintrl", device).to(dtype)
+        model.set_attn_implementation(attn)
+        assert model.config._attn_implementation == attn
+        logits[attn] = model(ids).logits.float()
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(logits["sdpa"], logits["eager"], **tol)
