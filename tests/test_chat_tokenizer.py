@@ -229,26 +229,18 @@ def test_the_lean_forward_scores_a_pretrained_format_student_as_transformers_doe
     assert torch.equal(a.topk_ids_NCK[mask], b.topk_ids_NCK[mask])
 
 
-@pytest.fixture(scope="module")
-def smol_moe_run(tmp_path_factory):
-    """experiments/smol-moe as committed (SmolLM2-135M-Instruct de-quantised and upcycled on first
-    use), for two warm-start steps, one RL step and a small eval: (the CLI's result, the run folder)."""
-    out = tmp_path_factory.mktemp("smol-moe")
-    result = run_cli(["experiments/smol-moe", f"output_dir={out}", "run_name=one", "warmstart.steps=2",
-                      "warmstart.batch_size=4", "trainer.steps=1", "task.eval_size=2", "rollout.prompts_per_step=2",
-                      "rollout.attempts_per_prompt=2", "rollout.max_new_tokens=6", "method.name=hint_distill"],
-                     timeout=850)
-    return result, out / "smol-moe" / "one"
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)                  # a 373M-parameter student: loading, and a 4.5 GB checkpoint at the end
-def test_the_smol_moe_experiment_trains_from_a_clean_clone(smol_moe_run):
-    """The experiment's own path, end to end."""
-    out, run = smol_moe_run
+def test_the_smol_moe_experiment_trains_from_a_clean_clone(tmp_path):
+    """experiments/smol-moe as committed (SmolLM2-135M-Instruct de-quantised and upcycled on first
+    use), for two warm-start steps, one RL step and a small eval: the experiment's own path, end to end."""
+    out = run_cli(["experiments/smol-moe", f"output_dir={tmp_path}", "run_name=one", "warmstart.steps=2",
+                   "warmstart.batch_size=4", "trainer.steps=1", "task.eval_size=2", "rollout.prompts_per_step=2",
+                   "rollout.attempts_per_prompt=2", "rollout.max_new_tokens=6", "method.name=hint_distill"],
+                  timeout=850)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "M-parameter mixtral student" in out.stdout
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "smol-moe" / "one" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 3 and "eval/reference_logprob/stated" in rows[-1]
 
 
