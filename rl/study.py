@@ -286,16 +286,20 @@ def run_all(study: Study, output_dir: Path, jobs: int, fresh: bool) -> None:
             return
         shutil.rmtree(run, ignore_errors=True)
         overrides = [o.replace("{output_dir}", str(output_dir)) for o in arm.overrides]
-        # The same warm-start, RL steps and overrides make the same run (fresh runs are bit-identical):
+        # A resumed run keeps its warm-start's config: what the warm-start key leaves out (the RL
+        # phase's length and extra evaluations) is passed as the folder says.
+        rl_phase = [f"trainer.steps={cfg.trainer.steps}", f"trainer.eval_at={list(cfg.trainer.eval_at)}"]
+        # The same warm-start, RL phase and overrides make the same run (fresh runs are bit-identical):
         # another folder's finished one (e.g. every folder's `grpo`) is copied, not run again.
-        key = json.dumps([warm_dirs[seed].name, cfg.trainer.steps, threads, sorted(overrides)])
+        key = json.dumps([warm_dirs[seed].name, cfg.trainer.steps, threads, sorted(overrides)]
+                         + ([list(cfg.trainer.eval_at)] if cfg.trainer.eval_at else []))
         twin = next((p.parent for p in output_dir.glob(f"*/*-s{seed}/{RUN_KEY}")
                      if p.read_text() == key and finished(p.parent, total)), None)
         if twin is not None and not fresh:
             shutil.copytree(twin, run)
             return
         shutil.copytree(warm_dirs[seed], run, ignore=shutil.ignore_patterns("teacher_gap.json"))
-        train(run.name, ["resume=true", f"trainer.steps={cfg.trainer.steps}", *overrides], experiment)
+        train(run.name, ["resume=true", *rl_phase, *overrides], experiment)
         (run / RUN_KEY).write_text(key)
 
     tasks = [(arm, seed) for seed in study.seeds for arm in study.arms if seed in arm.seeds]

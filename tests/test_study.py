@@ -121,6 +121,21 @@ arms:
     assert not (out / "twin" / "logs" / "plain-s0.log").exists()
     assert ((out / "twin" / "plain-s0" / "metrics.jsonl").read_text()
             == (out / "tiny" / "grpo-s0" / "metrics.jsonl").read_text())
+    # A folder that only evaluates more often shares the warm-start too, and its arms evaluate as it
+    # says, although they resume a warm-start saved without those evaluations.
+    (tmp_path / "finer").mkdir()
+    finer = folder(tmp_path / "finer", "seeds: [0]\narms:\n  grpo: [method.name=grpo]\n")
+    config = (finer / "config.yaml").read_text()
+    (finer / "config.yaml").write_text(config.replace("trainer: {steps: 4,", "trainer: {steps: 4, eval_at: [1],"))
+    fourth = subprocess.run([sys.executable, "-m", "rl.study", str(finer), "--output_dir", str(out)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert fourth.returncode == 0, fourth.stderr[-3000:]
+    assert len(list((out / "_warmstart").iterdir())) == 2
+    def evaluated(run):       # the steps with an evaluation; RL step 1 is step 5 (4 warm-start steps)
+        rows = [json.loads(line) for line in (out / run / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"] for r in rows if "eval/accuracy" in r}
+
+    assert 5 in evaluated("finer/grpo-s0") and 5 not in evaluated("tiny/grpo-s0")
 
 
 def test_overview_has_one_line_per_study_with_its_verdict(tmp_path):
