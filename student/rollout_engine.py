@@ -1,6 +1,7 @@
 """What generates a run's rollouts (`rollout.engine`), one registry entry per kind:
 
-    local   the trainer's own no-gradient policy on the rollout model (the lean forward)
+    local   the trainer's own no-gradient policy on the rollout model (the lean forward where the
+            family has one, else transformers')
     vllm    a vLLM engine process on a copy of the weights (student/vllm_policy.py)
 
 An engine is opened once per rank from an `EngineRequest` and gives the trainer three things:
