@@ -26,8 +26,10 @@ The folder holds `config.yaml` (the experiment) and `study.yaml` (the arms):
 
 Per seed, warm-start runs once (`trainer.steps=0`, which checkpoints at its end) and the teacher gap
 of the warm-started student is measured (rl/teacher_gap.py); every arm then resumes a copy of that
-run with its overrides and the experiment's RL steps, so the arms share their starting point
-exactly. Folders whose configs warm-start alike share the warm-start too
+run with its overrides and the experiment's RL phase (`trainer.steps` and `trainer.eval_at`, passed
+as the folder says: a resumed run otherwise keeps its warm-start's config), so the arms share their
+starting point exactly. Folders whose configs warm-start alike (equal but for the RL phase and the
+method) share the warm-start too
 (`runs/study/_warmstart/<config hash>-s<seed>`), and an arm identical to another folder's finished
 arm (same warm-start, steps and overrides, e.g. `grpo`) is copied from it. Runs go to `runs/study/<experiment>/<arm>-s<seed>`,
 `--jobs` at a time (cores / jobs torch threads each); a finished run is reused, an unfinished one is
