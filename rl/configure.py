@@ -22,7 +22,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from omegaconf.nodes import BooleanNode
 
 from rl.config import ConfigError, MethodConfig, RunConfig
-from student.model import ARCHITECTURES
+from student.model import STUDENT_FAMILIES
 from student.rollout_engine import ROLLOUT_ENGINES
 from teacher.base import TEACHERS
 from teacher.prompt import PromptTemplate
@@ -189,7 +189,7 @@ def validate(cfg: RunConfig) -> None:
     _choice(cfg.method.name, METHODS, "method.name")
     for key, valid in type(cfg.method).CHOICES.items():
         _choice(getattr(cfg.method, key), set(valid), f"method.{key}")
-    _choice(cfg.student.arch, ARCHITECTURES, "student.arch")
+    _choice(cfg.student.arch, STUDENT_FAMILIES, "student.arch")
     _prepare_student_checkpoint(cfg)
     _own_checks(cfg.student)
     _choice(cfg.teacher.kind, TEACHERS, "teacher.kind")
@@ -198,6 +198,7 @@ def validate(cfg: RunConfig) -> None:
     _own_checks(cfg.teacher)
     _choice(cfg.rollout.engine, ROLLOUT_ENGINES, "rollout.engine")
     _own_checks(cfg.rollout.vllm)
+    _check_family_supports(cfg)
     _choice(cfg.warmstart.decay, {"none", "cosine", "linear"}, "warmstart.decay")
     _choice(cfg.student.attn_implementation, {"sdpa", "eager", "flash_attention_2"}, "student.attn_implementation")
     if cfg.student.attn_implementation == "flash_attention_2":
@@ -280,6 +281,19 @@ def _validate_numbers(cfg: RunConfig) -> None:
             raise ConfigError(f"{key}={value} must be a finite number")
         if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**63:
             raise ConfigError(f"{key}={value} is out of range (a 64-bit integer)")
+
+
+def _check_family_supports(cfg: RunConfig) -> None:
+    """The student's family runs on the paths the config asks for (its registry entry says which)."""
+    name = cfg.student.family()
+    family = STUDENT_FAMILIES[name]
+    where = f"student.checkpoint is a {name} model" if cfg.student.checkpoint else f"student.arch={name}"
+    if cfg.rollout.engine == "vllm" and not family.vllm:
+        served = [n for n in STUDENT_FAMILIES if STUDENT_FAMILIES[n].vllm]
+        raise ConfigError(f"rollout.engine=vllm serves the families {served}, and {where}: use rollout.engine=local")
+    if cfg.deepspeed.expert_parallel_size > 1 and not family.expert_parallel:
+        raise ConfigError(f"deepspeed.expert_parallel_size={cfg.deepspeed.expert_parallel_size}: {where}, whose "
+                          "experts are not sharded; set it to 1")
 
 
 def _prepare_student_checkpoint(cfg: RunConfig) -> None:

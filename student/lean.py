@@ -32,9 +32,8 @@ import torch.nn.functional as F
 
 from kernels import ops
 from student.experts import expert_mlp
+from student.model import STUDENT_FAMILIES
 
-# model_type -> whether queries and keys are RMS-normalised per head (Qwen3) or not (Mixtral).
-FAMILIES = {"qwen3_moe": True, "mixtral": False}
 # CPU attention over at least this many keys runs through SDPA's fused kernel rather than two
 # matmuls and a softmax: measured at 64 rows, 4 heads of 32, 2 threads, SDPA is 1.5x faster at 48
 # keys and 3x at 144 (a self-teacher's feedback context), slower below ~32 (a rollout's rows).
@@ -45,8 +44,9 @@ def unsupported(model: torch.nn.Module) -> str | None:
     """Why `model` cannot run on LeanForward, or None when it can."""
     c = getattr(model, "config", None)
     kind = getattr(c, "model_type", None)
-    if kind not in FAMILIES:
-        return f"model_type {kind!r} has no lean forward (it has: {sorted(FAMILIES)})"
+    if kind not in STUDENT_FAMILIES or not STUDENT_FAMILIES[kind].lean_forward:
+        lean = [name for name in STUDENT_FAMILIES if STUDENT_FAMILIES[name].lean_forward]
+        return f"model_type {kind!r} has no lean forward (the families with one: {lean})"
     if getattr(c, "sliding_window", None) is not None and getattr(c, "use_sliding_window", True):
         return "sliding-window attention"
     if getattr(c, "attention_bias", False):
@@ -213,7 +213,7 @@ class LeanForward:
             raise ValueError(f"{type(model).__name__}: no lean forward ({reason})")
         self.model = model
         c = model.config
-        self.qk_norm = FAMILIES[c.model_type]
+        self.qk_norm = STUDENT_FAMILIES[c.model_type].qk_norm
         self.num_heads, self.num_kv_heads = c.num_attention_heads, c.num_key_value_heads
         self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         self.scale = self.head_dim ** -0.5

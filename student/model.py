@@ -22,7 +22,7 @@ from student.tokenizer import KINDS as TOKENIZERS, ByteTokenizer, Tokenizer
 
 @dataclass
 class StudentConfig:
-    arch: str = "qwen3_moe"          # key of ARCHITECTURES
+    arch: str = "qwen3_moe"          # key of STUDENT_FAMILIES
     checkpoint: str = ""             # HF folder to load instead of building from config
     upcycle_experts: int = 0         # > 0: checkpoint is a dense model, upcycled to this many experts of
     upcycle_noise: float = 0.0       # top_k (student/upcycle.py), with this relative noise on each copy
@@ -50,7 +50,7 @@ class StudentConfig:
     def check(self) -> list[str]:
         """Problems beyond a key's type (sizes are checked positive by the config loader first):
         combinations that would otherwise fail at the first forward. The family is the registry's
-        to check (ARCHITECTURES)."""
+        to check (STUDENT_FAMILIES)."""
         from transformers.integrations.moe import ExpertsInterface
 
         problems = []
@@ -87,20 +87,28 @@ class StudentConfig:
                        "expert_width": ("moe_intermediate_size", "intermediate_size"),
                        "max_positions": ("max_position_embeddings",)}
 
+    def checkpoint_config(self) -> dict:
+        """The checkpoint folder's config.json, read without the weights."""
+        return json.loads((Path(self.checkpoint) / "config.json").read_text())
+
+    def family(self) -> str:
+        """The family this config builds: the checkpoint's `model_type` where a checkpoint is set
+        (it brings its own), else `arch`."""
+        return self.checkpoint_config().get("model_type") if self.checkpoint else self.arch
+
     def checkpoint_problems(self) -> list[str]:
         """A checkpoint brings its own family and shape (its config.json, read without the weights):
         a size knob or `arch` set to something else than both the default and the checkpoint's
         value would be silently ignored, so it is refused, and so is a family not registered."""
-        path = Path(self.checkpoint) / "config.json"
         try:
-            config = json.loads(path.read_text())
+            config = self.checkpoint_config()
         except (OSError, ValueError) as err:
             return [f"student.checkpoint={self.checkpoint!r}: no readable config.json ({err})"]
         problems, defaults = [], StudentConfig()
         family = config.get("model_type")
-        if family not in ARCHITECTURES:
+        if family not in STUDENT_FAMILIES:
             problems.append(f"student.checkpoint={self.checkpoint!r} is a {family!r} model; a student is one of "
-                            f"the registered MoE families {ARCHITECTURES.names()}")
+                            f"the registered MoE families {STUDENT_FAMILIES.names()}")
         elif self.arch not in (defaults.arch, family):
             problems.append(f"student.arch={self.arch} but student.checkpoint is a {family} model; "
                             "remove student.arch (the checkpoint sets it)")
@@ -152,13 +160,33 @@ def _olmoe(cfg, tok):
                                     intermediate_size=cfg.expert_width)
 
 
-# student.arch -> the family's transformers config from ours (student/registry.py)
-ARCHITECTURES: Registry[Callable[[StudentConfig, ByteTokenizer], transformers.PretrainedConfig]] = Registry(
-    "student.arch", {"qwen3_moe": _qwen3_moe, "qwen2_moe": _qwen2_moe, "mixtral": _mixtral, "olmoe": _olmoe})
+@dataclass(frozen=True)
+class StudentFamily:
+    """One MoE family a student can be (`student.arch`, or a checkpoint's `model_type`): how a
+    StudentConfig becomes the family's transformers config, and which of the project's paths run
+    it. Each flag states what the tests hold, not what might work: a config asking a family for a
+    path it lacks is refused by name (rl/configure.py), the lean forward steps aside (student/lean.py)."""
+    transformers_config: Callable[[StudentConfig, Tokenizer], transformers.PretrainedConfig]
+    lean_forward: bool               # student/lean.py runs it (else transformers' forward, every family)
+    qk_norm: bool = False            # its attention RMS-normalises queries and keys per head (Qwen3)
+    expert_parallel: bool = True     # deepspeed.expert_parallel_size > 1 shards its experts
+    vllm: bool = False               # rollout.engine=vllm serves it: weights pushed, routes returned
+
+
+# student.arch -> the family (student/registry.py); a new family is one entry here plus its tests
+# (tests/test_lean.py, test_expert_parallel.py and test_vllm_engine.py read these flags). vLLM's
+# OLMoE has no tied output embedding, which every student here has: served, it samples another
+# distribution (log-probs nats away on the same weights), so the engine is refused for it.
+STUDENT_FAMILIES: Registry[StudentFamily] = Registry("student.arch", {
+    "qwen3_moe": StudentFamily(_qwen3_moe, lean_forward=True, qk_norm=True, vllm=True),
+    "qwen2_moe": StudentFamily(_qwen2_moe, lean_forward=False, vllm=True),
+    "mixtral": StudentFamily(_mixtral, lean_forward=True, vllm=True),
+    "olmoe": StudentFamily(_olmoe, lean_forward=False),
+})
 
 
 def model_config(cfg: StudentConfig, tok: ByteTokenizer) -> transformers.PretrainedConfig:
-    return ARCHITECTURES[cfg.arch](cfg, tok)
+    return STUDENT_FAMILIES[cfg.arch].transformers_config(cfg, tok)
 
 
 def build_tokenizer(cfg: StudentConfig) -> Tokenizer:

@@ -64,6 +64,21 @@ def test_registry_names_are_checked(tmp_path):
         load_config(write(tmp_path, "task:\n  config:\n    digits: 3\n"))
 
 
+def test_a_family_is_refused_a_path_its_registry_entry_does_not_offer(tmp_path):
+    """student/model.py's STUDENT_FAMILIES says what each family runs on; the config asks nothing
+    else (olmoe through vLLM samples another distribution: its logits differ by nats)."""
+    from student import STUDENT_FAMILIES
+
+    assert not STUDENT_FAMILIES["olmoe"].vllm
+    with pytest.raises(ConfigError, match=r"rollout.engine=vllm serves the families \['mixtral', 'qwen2_moe', "
+                                          r"'qwen3_moe'\], and student.arch=olmoe: use rollout.engine=local"):
+        load_config(write(tmp_path, ""), ["student.arch=olmoe", "student.hidden_size=64", "rollout.engine=vllm"])
+    load_config(write(tmp_path, ""), ["student.arch=qwen2_moe", "rollout.engine=vllm"])
+    load_config(write(tmp_path, ""), ["student.arch=olmoe", "student.hidden_size=64",
+                                      "deepspeed.expert_parallel_size=2", "deepspeed.zero_stage=2",
+                                      "launcher.nproc_per_node=2"])
+
+
 def test_resolved_config_round_trips(tmp_path):
     cfg = load_config(ROOT / "experiments/default", ["seed=3"])
     (tmp_path / "config.yaml").write_text(to_yaml(cfg))

@@ -19,10 +19,11 @@ import pytest
 import torch
 
 from rl.distributed import free_port
+from student import STUDENT_FAMILIES
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = dict(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, num_experts=4, expert_width=16)
-ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+ARCHS = tuple(name for name in STUDENT_FAMILIES if STUDENT_FAMILIES[name].expert_parallel)
 
 
 # -- worker (runs under torchrun) --------------------------------------------------------------

@@ -61,10 +61,11 @@ def test_every_registered_name_builds_and_names_itself():
     from rl.environments import ENVIRONMENTS
     from rl.evals import SUITES
     from rl.methods import METHODS
-    from student.model import ARCHITECTURES
+    from student.model import STUDENT_FAMILIES
     from student.rollout_engine import ROLLOUT_ENGINES
     from teacher import TEACHERS
     for reg in (METHODS, SUITES):
         assert all(impl.name == name for name, impl in reg.items())
-    for reg in (ENVIRONMENTS, TEACHERS, ARCHITECTURES, ROLLOUT_ENGINES):
+    for reg in (ENVIRONMENTS, TEACHERS, ROLLOUT_ENGINES):
         assert all(callable(impl) for _, impl in reg.items())
+    assert all(callable(family.transformers_config) for _, family in STUDENT_FAMILIES.items())

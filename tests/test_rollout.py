@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rl.warmstart import right_pad
-from student import ARCHITECTURES, ByteTokenizer, StudentConfig, build_student
+from student import STUDENT_FAMILIES, ByteTokenizer, StudentConfig, build_student
 from student.hf_policy import HFPolicy
 from student.lean_policy import LeanPolicy
 from student.build import build_policy
@@ -115,7 +115,7 @@ def test_greedy_is_deterministic_and_batch_independent():
         assert torch.equal(both.completion_ids_NC[0, :n], alone.completion_ids_NC[0])
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("arch", sorted(STUDENT_FAMILIES))
 def test_every_registered_family_samples_consistently(arch):
     policy = HFPolicy(tiny_model(arch), pad_id=TOK.pad_id, banned_ids=TOK.never_sampled)
     prompts = [TOK.render_prompt("1+1"), TOK.render_prompt("23 - 4", "ends with 9")]

@@ -24,8 +24,9 @@ from transformers import AutoModelForCausalLM
 from student import ByteTokenizer, StudentConfig
 from student.expert_parallel import experts_modules
 from student.experts import find_routers
-from student.lean import FAMILIES as LEAN_FAMILIES
-from student.model import ARCHITECTURES, model_config
+from student.model import STUDENT_FAMILIES, model_config
+
+LEAN_FAMILIES = [name for name in STUDENT_FAMILIES if STUDENT_FAMILIES[name].lean_forward]
 
 ROOT = Path(__file__).resolve().parents[1]
 LEAN, EXPERTS, REPLAY, EP, ROLLOUT = ("student/lean.py", "student/experts.py", "student/router_replay.py",
@@ -180,7 +181,7 @@ def _problems(family: str, obj, specs, layers=(None,)) -> list[str]:
 
 @pytest.fixture(scope="module")
 def models():
-    return {family: _model(family) for family in sorted(ARCHITECTURES)}
+    return {family: _model(family) for family in sorted(STUDENT_FAMILIES)}
 
 
 def test_installed_transformers_is_the_tested_minor():
@@ -191,12 +192,12 @@ def test_installed_transformers_is_the_tested_minor():
         "and tests/test_lean.py against the new one and move the pin.")
 
 
-@pytest.mark.parametrize("family", sorted(LEAN_FAMILIES))
+@pytest.mark.parametrize("family", LEAN_FAMILIES)
 def test_lean_forward_finds_what_it_reads(models, family):
     assert family in LEAN_CONFIG, (f"student/lean.py supports {family}: name the config fields it reads for it "
                                    "in LEAN_CONFIG here")
     model = models[family] if family in models else _model(family)
-    layer = LEAN_LAYER + (QK_NORM if LEAN_FAMILIES[family] else [])
+    layer = LEAN_LAYER + (QK_NORM if STUDENT_FAMILIES[family].qk_norm else [])
     problems = (_problems(family, model, LEAN_MODEL) + _problems(family, model.config, LEAN_CONFIG[family])
                 + _problems(family, model, layer, range(len(model.model.layers)))
                 + _problems(family, model, LEAN_MOE_LAYER, _layers(model, routed=True))
@@ -209,12 +210,12 @@ def test_lean_forward_finds_what_it_reads(models, family):
         c.num_attention_heads * d, c.num_key_value_heads * d, c.num_key_value_heads * d), (
         f"transformers {transformers.__version__}: {family}'s q/k/v projections are no longer (heads * head_dim, "
         f"hidden), which student/lean.py stacks; {REMEDY[LEAN]}")
-    if LEAN_FAMILIES[family]:
+    if STUDENT_FAMILIES[family].qk_norm:
         assert a.q_norm.weight.shape == (d,) and a.k_norm.weight.shape == (d,)
     assert model.model.rotary_emb.inv_freq.shape == (d // 2,)
 
 
-@pytest.mark.parametrize("family", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("family", sorted(STUDENT_FAMILIES))
 def test_experts_and_routers_have_what_we_read(models, family):
     model = models[family]
     routed = _layers(model, routed=True)

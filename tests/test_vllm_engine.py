@@ -204,6 +204,44 @@ def test_a_hung_or_dead_engine_stops_the_caller_with_its_log(tmp_path):
         engine.close()
 
 
+def _vllm_families() -> list[str]:
+    """The families the registry says the engine serves, but the default one (`served` covers it)."""
+    from student import STUDENT_FAMILIES, StudentConfig
+
+    return [name for name in STUDENT_FAMILIES if STUDENT_FAMILIES[name].vllm and name != StudentConfig().arch]
+
+
+@pytest.mark.parametrize("arch", _vllm_families())
+def test_every_family_the_registry_says_the_engine_serves_samples_the_policy_and_takes_pushed_weights(tmp_path, arch):
+    """What `StudentFamily.vllm` promises (rl/configure.py refuses the engine for the others):
+    the engine samples the trainer's distribution with its routes, before and after a push."""
+    from student import ByteTokenizer, StudentConfig, build_student
+    from student.build import build_policy
+    from student.vllm_policy import EngineSettings, VLLMEngine, VLLMPolicy
+
+    torch.manual_seed(0)
+    tok = ByteTokenizer()
+    model = build_student(StudentConfig(arch=arch, hidden_size=64, num_heads=2, num_kv_heads=1, num_experts=4,
+                                        top_k=2, expert_width=32, num_layers=2), tok).eval()
+    engine = VLLMEngine(model, EngineSettings(), tmp_path / "engine.log")
+    try:
+        local = build_policy(model, pad_id=tok.pad_id, banned_ids=tok.never_sampled)
+        policy = VLLMPolicy(engine, local, pad_id=tok.pad_id, banned_ids=tok.never_sampled)
+        prompts, sampling = _prompts(tok), _sampling(tok, temperature=0.7)
+        roll = policy.generate(prompts, sampling)
+        assert _gap_to_local(local, prompts, roll, 0.7) == (pytest.approx(0, abs=TOL), 0.0)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.3)
+        model.train()
+        (-local.score(prompts, roll.completion_ids_NC).logprobs_NC[roll.mask_NC].sum()).backward()
+        optimizer.step()
+        model.eval()
+        engine.push_weights(model, "step 1")
+        gap, replay_mismatch = _gap_to_local(local, prompts, policy.generate(prompts, sampling), 0.7)
+        assert gap < TOL and replay_mismatch == 0.0
+    finally:
+        engine.close()
+
+
 def test_an_expert_width_vllm_cannot_reload_is_refused_at_start(tmp_path):
     from student import ByteTokenizer, StudentConfig, build_student
     from student.vllm_policy import EngineSettings, VLLMEngine, VLLMEngineError
