@@ -20,8 +20,14 @@ def _kernel_extensions():
         return [], {}
     csrc = os.path.join("kernels", "csrc")
     cxx = ["-O3", "-std=c++20"]
+    # -fopenmp: at::parallel_for's inline OpenMP region runs our loops on torch's threads. Without
+    # it (HINTRL_CPU_OPENMP=0, for `python -m kernels.diagnose --rebuild`) the loops run serially.
+    if os.environ.get("HINTRL_CPU_OPENMP", "1") != "0":
+        openmp_compile, openmp_link = ["-fopenmp"], ["-fopenmp"]
+    else:
+        openmp_compile, openmp_link = ["-fopenmp-simd"], []      # the simd pragmas only, no runtime
     exts = [CppExtension("kernels._C", [os.path.join(csrc, f) for f in ("moe_bindings.cpp", "moe_cpu.cpp", "attention_cpu.cpp")],
-                         extra_compile_args={"cxx": cxx + ["-fopenmp"]}, extra_link_args=["-fopenmp"])]
+                         extra_compile_args={"cxx": cxx + openmp_compile}, extra_link_args=openmp_link)]
     cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     nvcc = os.path.join(cuda_home, "bin", "nvcc") if cuda_home else shutil.which("nvcc")
     if torch.version.cuda and nvcc and os.path.exists(nvcc) and os.environ.get("HINTRL_NO_CUDA") != "1":

@@ -23,7 +23,8 @@ def test_the_gpu_check_dry_run_lists_every_step_within_one_device_command():
     out = _run(["bash", "scripts/gpu_check.sh", "--dry-run"])
     assert out.returncode == 0, out.stderr
     steps = [line.split()[3] for line in out.stdout.splitlines() if line.startswith("[gpu_check] would run")]
-    assert steps == ["build", "kernel_tests", "moe_bench", "default_train", "gpu_resume", "large_student", "vllm"]
+    assert steps == ["build", "kernel_tests", "extension_errors", "moe_bench", "default_train", "gpu_resume",
+                     "large_student", "vllm"]
     assert "every input is present" in out.stdout
     limit = int(next(line for line in out.stdout.splitlines() if "add up to" in line).split("add up to ")[1].split("s")[0])
     assert limit <= 600
@@ -58,6 +59,54 @@ def test_the_gpu_check_packs_every_result_after_each_step(tmp_path):
     with tarfile.open(out_dir / "gpu-check.tar.gz") as archive:
         names = {n.lstrip("./") for n in archive.getnames()}
     assert {"summary.md", "moe_bench.log"} <= names and "gpu-check.tar.gz" not in names
+
+
+def test_the_gpu_check_skips_vllm_with_its_reason_where_it_cannot_be_installed(tmp_path):
+    """A GPU machine without network and without .venv-vllm: the vllm step says why it did not run
+    (summary "skipped: ...") instead of failing in pip."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    smi = fake / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H200'\n")
+    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    out_dir = tmp_path / "out"
+    dead = "http://127.0.0.1:9"          # no network: every request is refused at once
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", OUT=str(out_dir), GPU_CHECK_STEPS="vllm",
+               HINTRL_VLLM_VENV=str(tmp_path / "no-venv"), https_proxy=dead, HTTPS_PROXY=dead)
+    out = _run(["bash", "scripts/gpu_check.sh"], env=env)
+    assert out.returncode == 0, out.stderr
+    summary = (out_dir / "summary.md").read_text()
+    assert ("| vllm | skipped: no vLLM environment here and PyPI unreachable, so vLLM cannot be installed "
+            "(scripts/bootstrap_vllm.sh) |") in summary
+    assert "torch 2." in summary                    # which torch the check ran
+
+
+def _cpu_extension_built() -> bool:
+    from kernels import ops
+    return ops.CPU_EXTENSION_ERROR is None
+
+
+@pytest.mark.skipif(not _cpu_extension_built(), reason="kernels._C is not built")
+def test_the_extension_diagnosis_finds_the_check_raising_here_and_names_the_runtimes():
+    """kernels/diagnose.py, the gpu_check step for the GPU machine where a failing check crashed:
+    here (one toolchain) the probe raises, and the report names the C++ runtime each part loads."""
+    out = _run([os.sys.executable, "-m", "kernels.diagnose"])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "raised RuntimeError: permute: offsets do not fit ids" in out.stdout
+    loaded = out.stdout.split("loaded by a process importing torch and kernels:")[1]
+    assert "libstdc++" in loaded and "TWO COPIES" not in loaded
+    assert "verdict: the check raises in this environment" in out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _cpu_extension_built(), reason="kernels._C is not built")
+def test_the_extension_rebuilt_without_openmp_links_no_openmp_runtime_and_still_raises():
+    from kernels.diagnose import rebuild_without_openmp
+
+    raised, what = rebuild_without_openmp()
+    assert raised, what
+    links = what.split("the rebuilt extension links:")[1]
+    assert "libstdc++" in links and "libgomp" not in links
 
 
 @pytest.mark.parametrize("gpu_visible", [False, True])
