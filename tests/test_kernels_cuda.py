@@ -52,6 +52,30 @@ def test_cuda_ops_match_reference(T, E, K, D, dtype, block):
 
 
 @gpu
+@pytest.mark.parametrize("D", [64, 130])                  # 16-byte packs, and rows that do not allow them
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cuda_combine_backward_writes_every_row_as_the_cpu_does(D, dtype):
+    """One warp per slot, then zeros on the rows no slot points at (block padding, a dropped slot),
+    into memory that is not zeroed first: recycled NaNs must not survive anywhere."""
+    T, E, K, block = 50, 8, 2, 16
+    g = torch.Generator().manual_seed(D)
+    ids = torch.randint(0, E, (T, K), generator=g)
+    ids[3, 1] = E                                          # a dropped slot (expert-parallel sentinel)
+    _c, offsets = torch.ops.hintrl.expert_counts(ids, E, block)
+    _xs, pos = torch.ops.hintrl.permute(torch.randn(T, D, generator=g).to(dtype), ids, offsets, block)
+    ys = torch.randn(_xs.shape, generator=g).to(dtype)
+    w, grad_out = torch.rand(T, K, generator=g), torch.randn(T, D, generator=g).to(dtype)
+    gys_cpu, gw_cpu = torch.ops.hintrl.unpermute_combine_backward(grad_out, ys, pos, w)
+    del _c
+    torch.full((4 * ys.numel(),), float("nan"), device="cuda", dtype=dtype)   # freed into the cache: reused below
+    gys, gw = torch.ops.hintrl.unpermute_combine_backward(grad_out.cuda(), ys.cuda(), pos.cuda(), w.cuda())
+    assert torch.equal(gys.cpu(), gys_cpu)                 # w * g: the same arithmetic, row for row
+    tol = 2e-2 if dtype != torch.float32 else 1e-5         # the dot's order differs (lanes, then shuffles)
+    torch.testing.assert_close(gw.cpu(), gw_cpu, rtol=tol, atol=tol)
+    assert gw[3, 1] == 0 and (gys.cpu()[~torch.isin(torch.arange(len(ys)), pos[pos >= 0])] == 0).all()
+
+
+@gpu
 def test_cuda_gradcheck_float64():
     dev = "cuda"
     T, E, K, D = 6, 5, 2, 3

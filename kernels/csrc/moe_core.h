@@ -167,6 +167,30 @@ HINTRL_HD void chunk_positions(const int64_t* ids_S, int64_t begin, int64_t end,
   }
 }
 
+// The combine's backward for one slot whose row is y_D (weight w, output gradient g_D), over the
+// elements d = first, first + step, ... < D: writes gy_D[d] = w * g_D[d] and returns those
+// elements' share of the weight gradient sum_d g_D[d] * y_D[d]. The CPU calls it once per slot
+// (first 0, step 1); a CUDA warp splits the row among its lanes (first = lane, step = 32).
+template <typename scalar_t, typename acc_t>
+HINTRL_HD acc_t slot_backward(const scalar_t* g_D, const scalar_t* y_D, acc_t w, int64_t first, int64_t step,
+                              int64_t D, scalar_t* gy_D) {
+  acc_t dot = 0;
+  for (int64_t d = first; d < D; d += step) {
+    const acc_t gd = cvt<acc_t>(g_D[d]);
+    dot += gd * cvt<acc_t>(y_D[d]);
+    gy_D[d] = cvt<scalar_t>(w * gd);
+  }
+  return dot;
+}
+
+// Marks the permuted rows some slot in [begin, end) points at. The rest (block padding, dropped
+// slots) are the only rows the combine's backward must zero: each covered row is written by
+// exactly one slot, so no zero fill of all P rows is needed.
+HINTRL_HD void mark_covered(const int64_t* pos_S, int64_t begin, int64_t end, uint8_t* covered_P) {
+  for (int64_t s = begin; s < end; ++s)
+    if (pos_S[s] >= 0) covered_P[pos_S[s]] = 1;
+}
+
 // Largest P the ops may need: every expert can waste block-1 padding rows. Static, so the fake
 // (meta) implementations know output shapes without looking at data.
 HINTRL_HD int64_t permuted_rows(int64_t S, int E, int block) { return S + int64_t(E) * (block - 1); }

@@ -226,8 +226,7 @@ std::tuple<at::Tensor, at::Tensor> unpermute_combine_backward_cpu(const at::Tens
   // Rows no slot points at (padding, dropped slots) must read as zero gradient.
   std::vector<uint8_t> covered(P, 0);
   const int64_t* pp = pos.data_ptr<int64_t>();
-  for (int64_t s = 0; s < T * K; ++s)
-    if (pp[s] >= 0) covered[pp[s]] = 1;
+  mark_covered(pp, 0, T * K, covered.data());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, ys.scalar_type(), "unpermute_combine_backward_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const scalar_t* yp = ys.data_ptr<scalar_t>();
@@ -245,16 +244,7 @@ std::tuple<at::Tensor, at::Tensor> unpermute_combine_backward_cpu(const at::Tens
         for (int64_t k = 0; k < K; ++k) {
           const int64_t p = pp[t * K + k];
           if (p < 0) { gwp[t * K + k] = 0; continue; }
-          const acc_t wk = wp[t * K + k];
-          const scalar_t* yrow = yp + p * D;
-          scalar_t* gyrow = gyp + p * D;
-          acc_t dot = 0;
-          for (int64_t d = 0; d < D; ++d) {
-            const acc_t gd = static_cast<acc_t>(grow[d]);
-            dot += gd * static_cast<acc_t>(yrow[d]);
-            gyrow[d] = static_cast<scalar_t>(wk * gd);
-          }
-          gwp[t * K + k] = dot;
+          gwp[t * K + k] = slot_backward<scalar_t, acc_t>(grow, yp + p * D, wp[t * K + k], 0, 1, D, gyp + p * D);
         }
       }
     });

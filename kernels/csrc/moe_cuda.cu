@@ -153,35 +153,59 @@ bool vec_ok(const void* a, const void* b, int64_t D, int64_t elt) {
   return reinterpret_cast<uintptr_t>(a) % 16 == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0 && (D * elt) % 16 == 0;
 }
 
-// One block per token: each thread covers a strided slice of D, partial dot products for the
-// weight gradients are reduced through shared memory, one slot at a time.
+// One warp per slot (t, k): gys[pos] = w * g[t] and gw[t, k] = <g[t], ys[pos]>, the row split
+// among the lanes (16-byte packs where rows are aligned), the dot reduced by warp shuffles: no
+// shared memory and no block barriers. Each covered row of gys is written by exactly one slot.
 template <typename scalar_t>
-__global__ void combine_backward_kernel(const scalar_t* g, const scalar_t* ys, const int64_t* pos,
-                                        const typename Acc<scalar_t>::type* w, int K, int64_t D, scalar_t* gys,
-                                        typename Acc<scalar_t>::type* gw) {
+__global__ void combine_backward_slots_kernel(const scalar_t* g, const scalar_t* ys, const int64_t* pos,
+                                              const typename Acc<scalar_t>::type* w, int64_t S, int K, int64_t D,
+                                              bool vec, scalar_t* gys, typename Acc<scalar_t>::type* gw) {
   using acc_t = typename Acc<scalar_t>::type;
-  __shared__ acc_t partial[kThreads];
-  const int64_t t = blockIdx.x;
-  for (int k = 0; k < K; ++k) {
-    const int64_t p = pos[t * K + k];
-    acc_t dot = 0;
-    if (p >= 0) {
-      const acc_t wk = w[t * K + k];
-      for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-        const acc_t gd = cvt<acc_t>(g[t * D + d]);
-        dot += gd * cvt<acc_t>(ys[p * D + d]);
-        gys[p * D + d] = cvt<scalar_t>(wk * gd);
-      }
-    }
-    partial[threadIdx.x] = dot;
-    __syncthreads();
-    for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-      if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
-      __syncthreads();
-    }
-    if (threadIdx.x == 0) gw[t * K + k] = partial[0];
-    __syncthreads();
+  const int64_t s = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (s >= S) return;                       // a whole warp: s is the same on all its lanes
+  const int64_t p = pos[s];
+  if (p < 0) {                              // a dropped slot: no row, no weight gradient
+    if (lane == 0) gw[s] = 0;
+    return;
   }
+  const acc_t wk = w[s];
+  const scalar_t* g_row = g + (s / K) * D;
+  acc_t dot = 0;
+  if (vec) {
+    constexpr int V = 16 / sizeof(scalar_t);
+    using Pk = Pack<scalar_t, V>;
+    const Pk* g_packs = reinterpret_cast<const Pk*>(g_row);
+    const Pk* y_packs = reinterpret_cast<const Pk*>(ys + p * D);
+    Pk* gy_packs = reinterpret_cast<Pk*>(gys + p * D);
+    for (int64_t i = lane; i < D / V; i += 32) {
+      const Pk gv = g_packs[i], yv = y_packs[i];
+      Pk out;
+      for (int j = 0; j < V; ++j) {
+        const acc_t gd = cvt<acc_t>(gv.v[j]);
+        dot += gd * cvt<acc_t>(yv.v[j]);
+        out.v[j] = cvt<scalar_t>(wk * gd);
+      }
+      gy_packs[i] = out;
+    }
+  } else {
+    dot = slot_backward<scalar_t, acc_t>(g_row, ys + p * D, wk, lane, 32, D, gys + p * D);
+  }
+  for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_down_sync(0xffffffffu, dot, offset);
+  if (lane == 0) gw[s] = dot;
+}
+
+__global__ void mark_covered_kernel(const int64_t* pos, int64_t S, uint8_t* covered) {
+  const int64_t s = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (s < S) mark_covered(pos, s, s + 1, covered);
+}
+
+// One warp per permuted row; only the uncovered ones (padding, at most E * (block - 1) rows) write.
+template <typename scalar_t>
+__global__ void zero_uncovered_rows_kernel(const uint8_t* covered, int64_t P, int64_t D, scalar_t* gys) {
+  const int64_t r = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  if (r >= P || covered[r]) return;
+  for (int64_t d = threadIdx.x % 32; d < D; d += 32) gys[r * D + d] = cvt<scalar_t>(typename Acc<scalar_t>::type(0));
 }
 
 }  // namespace
@@ -251,12 +275,20 @@ void launch_unpermute_combine(Dtype dt, const void* ys, const int64_t* pos, cons
 }
 
 void launch_unpermute_combine_backward(Dtype dt, const void* g, const void* ys, const int64_t* pos, const void* w,
-                                       int64_t T, int K, int64_t D, void* gys, void* gw, cudaStream_t stream) {
-  if (T == 0) return;
-  HINTRL_DISPATCH(dt, combine_backward_kernel<scalar_t><<<T, kThreads, 0, stream>>>(
-                          static_cast<const scalar_t*>(g), static_cast<const scalar_t*>(ys), pos,
-                          static_cast<const typename Acc<scalar_t>::type*>(w), K, D, static_cast<scalar_t*>(gys),
-                          static_cast<typename Acc<scalar_t>::type*>(gw)));
+                                       int64_t T, int K, int64_t D, int64_t P, uint8_t* covered, void* gys, void* gw,
+                                       cudaStream_t stream) {
+  const int64_t S = T * K;
+  if (P > 0) {
+    cudaMemsetAsync(covered, 0, P, stream);
+    if (S > 0) mark_covered_kernel<<<blocks_for(S), kThreads, 0, stream>>>(pos, S, covered);
+  }
+  HINTRL_DISPATCH(dt, using acc_t = typename Acc<scalar_t>::type;
+    if (S > 0) combine_backward_slots_kernel<scalar_t><<<blocks_for(S * 32), kThreads, 0, stream>>>(
+        static_cast<const scalar_t*>(g), static_cast<const scalar_t*>(ys), pos, static_cast<const acc_t*>(w), S, K,
+        D, vec_ok(g, ys, D, sizeof(scalar_t)) && reinterpret_cast<uintptr_t>(gys) % 16 == 0,
+        static_cast<scalar_t*>(gys), static_cast<acc_t*>(gw));
+    if (P > 0 && D > 0) zero_uncovered_rows_kernel<scalar_t><<<blocks_for(P * 32), kThreads, 0, stream>>>(
+        covered, P, D, static_cast<scalar_t*>(gys)););
 }
 
 }  // namespace hintrl

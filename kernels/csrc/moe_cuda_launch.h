@@ -27,9 +27,10 @@ void launch_permute_backward(Dtype dt, const void* grad_xs_PD, const int64_t* po
                              void* grad_x_TD, cudaStream_t stream);
 void launch_unpermute_combine(Dtype dt, const void* ys_PD, const int64_t* pos_TK, const void* w_TK, int64_t T,
                               int K, int64_t D, void* out_TD, cudaStream_t stream);
-// grad_ys_PD must be zeroed by the caller (rows no slot points at get no write).
+// Writes every row of grad_ys_PD (P rows): one warp per slot, then zeros on the rows no slot points
+// at; covered_P is scratch of P bytes.
 void launch_unpermute_combine_backward(Dtype dt, const void* grad_out_TD, const void* ys_PD, const int64_t* pos_TK,
-                                       const void* w_TK, int64_t T, int K, int64_t D, void* grad_ys_PD,
-                                       void* grad_w_TK, cudaStream_t stream);
+                                       const void* w_TK, int64_t T, int K, int64_t D, int64_t P, uint8_t* covered_P,
+                                       void* grad_ys_PD, void* grad_w_TK, cudaStream_t stream);
 
 }  // namespace hintrl

@@ -156,11 +156,12 @@ std::tuple<at::Tensor, at::Tensor> unpermute_combine_backward_cuda(const at::Ten
   const c10::cuda::CUDAGuard guard(ys_PD.device());
   at::Tensor ys = ys_PD.contiguous(), pos = pos_TK.contiguous(), g = grad_out_TD.to(ys.scalar_type()).contiguous();
   at::Tensor w = w_TK.to(acc_type(ys.scalar_type())).contiguous();
-  auto gys = at::zeros_like(ys);
+  auto gys = at::empty_like(ys);                 // every row written by the kernels: no zero fill
   auto gw = at::empty(pos.sizes(), w.options());
+  auto covered = at::empty({ys.size(0)}, ys.options().dtype(at::kByte));
   launch_unpermute_combine_backward(dtype_code(ys, "unpermute_combine_backward"), g.data_ptr(), ys.data_ptr(),
                                     pos.data_ptr<int64_t>(), w.data_ptr(), pos.size(0), pos.size(1), ys.size(1),
-                                    gys.data_ptr(), gw.data_ptr(), stream());
+                                    ys.size(0), covered.data_ptr<uint8_t>(), gys.data_ptr(), gw.data_ptr(), stream());
   return {gys, gw};
 }
 
