@@ -233,6 +233,14 @@ def test_grouped_mm_does_not_depend_on_thread_count():
         assert torch.equal(a, b)
 
 
+def test_gating_refuses_more_slots_than_the_kernels_hold_per_row():
+    # the backward keeps a row's K slot terms in registers (kMaxTopK in moe_core.h)
+    logits = torch.randn(3, 40)
+    assert torch.ops.hintrl.topk_gating(logits, 32, True, None)[1].shape == (3, 32)
+    with pytest.raises(RuntimeError, match="k=33 is above the 32 slots per row"):
+        torch.ops.hintrl.topk_gating(logits, 33, True, None)
+
+
 def test_permute_rejects_offsets_of_other_ids():
     ids_TK = torch.tensor([[0, 1], [0, 1]])
     wrong_offsets = torch.tensor([0, 1, 4], dtype=torch.int32)  # expert 0 has two slots, not one

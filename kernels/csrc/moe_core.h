@@ -35,16 +35,65 @@ HINTRL_HD bool ranks_before(double a, int ia, double b, int ib) {
   return a > b || (a == b && ia < ib);
 }
 
-// A row's softmax in two numbers: its max logit and sum_e exp(l_e - max), so p_e = exp(l_e - max) / denom.
+// Each row function below is built from pieces over a strided part of the row, e = first,
+// first + step, ... < E: the CPU runs every piece over the whole row (first 0, step 1); a CUDA warp
+// gives each lane its part (first = lane, step = 32) and combines the lanes' results by shuffles
+// (moe_cuda.cu), so both builds run the same per-element code.
+
+// The largest logit of a part (-inf for an empty part).
 template <typename scalar_t, typename acc_t>
-HINTRL_HD void softmax_stats(const scalar_t* logits_E, int E, acc_t& mx, acc_t& denom) {
-  mx = cvt<acc_t>(logits_E[0]);
-  for (int e = 1; e < E; ++e) {
+HINTRL_HD acc_t part_max(const scalar_t* logits_E, int first, int step, int E) {
+  acc_t mx = -acc_t(INFINITY);
+  for (int e = first; e < E; e += step) {
     acc_t v = cvt<acc_t>(logits_E[e]);
     mx = v > mx ? v : mx;
   }
-  denom = 0;
-  for (int e = 0; e < E; ++e) denom += exp_acc(cvt<acc_t>(logits_E[e]) - mx);
+  return mx;
+}
+
+// sum over a part of exp(l_e - mx).
+template <typename scalar_t, typename acc_t>
+HINTRL_HD acc_t part_exp_sum(const scalar_t* logits_E, int first, int step, int E, acc_t mx) {
+  acc_t sum = 0;
+  for (int e = first; e < E; e += step) sum += exp_acc(cvt<acc_t>(logits_E[e]) - mx);
+  return sum;
+}
+
+// A row's softmax in two numbers: its max logit and sum_e exp(l_e - max), so p_e = exp(l_e - max) / denom.
+template <typename scalar_t, typename acc_t>
+HINTRL_HD void softmax_stats(const scalar_t* logits_E, int E, acc_t& mx, acc_t& denom) {
+  mx = part_max<scalar_t, acc_t>(logits_E, 0, 1, E);
+  denom = part_exp_sum<scalar_t, acc_t>(logits_E, 0, 1, E, mx);
+}
+
+// Of the experts in a part that rank after (prev_v, prev) (any, when prev < 0), the first-ranked:
+// best = -1 when there is none. Ranking is total (logit, then lower id), so the best of the parts'
+// bests is the row's, whatever the split.
+template <typename scalar_t, typename acc_t>
+HINTRL_HD void part_best_after(const scalar_t* logits_E, int first, int step, int E, int prev, acc_t prev_v,
+                               int& best, acc_t& best_v) {
+  best = -1;
+  best_v = 0;
+  for (int e = first; e < E; e += step) {
+    acc_t v = cvt<acc_t>(logits_E[e]);
+    bool after_prev = prev < 0 || ranks_before(prev_v, prev, v, e);
+    if (after_prev && (best < 0 || ranks_before(v, e, best_v, best))) { best = e; best_v = v; }
+  }
+}
+
+// Slot k of a row whose selection is done: the id and its probability (a forced id outside [0, E)
+// is a dropped slot: no probability mass, no gradient).
+template <typename scalar_t, typename acc_t>
+HINTRL_HD void write_slot(const scalar_t* logits_E, int E, int64_t id, acc_t mx, acc_t denom, acc_t* w, int64_t* out_id) {
+  *out_id = id;
+  *w = (id < 0 || id >= E) ? acc_t(0) : exp_acc(cvt<acc_t>(logits_E[id]) - mx) / denom;
+}
+
+template <typename acc_t>
+HINTRL_HD void renormalise(acc_t* w_K, int K) {
+  acc_t s = 0;
+  for (int k = 0; k < K; ++k) s += w_K[k];
+  for (int k = 0; k < K; ++k) w_K[k] /= s;
 }
 
 // One token row of top-k gating: softmax(logits_E) in acc_t, then either select the top K experts or
@@ -58,33 +107,14 @@ HINTRL_HD void topk_gating_row(const scalar_t* logits_E, int E, int K, bool reno
   int prev = -1;
   acc_t prev_v = 0;
   for (int k = 0; k < K; ++k) {
-    int best = -1;
-    acc_t best_v = 0;
     if (forced_K != nullptr) {
-      best = static_cast<int>(forced_K[k]);
-      if (best < 0 || best >= E) {  // a dropped slot: no probability mass, no gradient
-        ids_K[k] = forced_K[k];
-        w_K[k] = 0;
-        continue;
-      }
-      best_v = cvt<acc_t>(logits_E[best]);
-    } else {
-      for (int e = 0; e < E; ++e) {
-        acc_t v = cvt<acc_t>(logits_E[e]);
-        bool after_prev = prev < 0 || ranks_before(prev_v, prev, v, e);
-        if (after_prev && (best < 0 || ranks_before(v, e, best_v, best))) { best = e; best_v = v; }
-      }
-      prev = best;
-      prev_v = best_v;
+      write_slot(logits_E, E, forced_K[k], mx, denom, w_K + k, ids_K + k);
+      continue;
     }
-    ids_K[k] = best;
-    w_K[k] = exp_acc(best_v - mx) / denom;
+    part_best_after<scalar_t, acc_t>(logits_E, 0, 1, E, prev, prev_v, prev, prev_v);
+    write_slot(logits_E, E, int64_t(prev), mx, denom, w_K + k, ids_K + k);
   }
-  if (renorm) {
-    acc_t s = 0;
-    for (int k = 0; k < K; ++k) s += w_K[k];
-    for (int k = 0; k < K; ++k) w_K[k] /= s;
-  }
+  if (renorm) renormalise(w_K, K);
 }
 
 // Gradient of topk_gating_row w.r.t. the logits (ids are constants). With p = softmax(l) and
@@ -94,30 +124,47 @@ HINTRL_HD acc_t prob_at(const scalar_t* logits_E, int E, int64_t id, acc_t mx, a
   return (id < 0 || id >= E) ? acc_t(0) : exp_acc(cvt<acc_t>(logits_E[id]) - mx) / denom;
 }
 
+// The row's terms of that gradient that do not depend on e: dp_k (written over gw_K's copy dp_K)
+// and c = sum_k dp_k p[id_k].
 template <typename scalar_t, typename acc_t>
-HINTRL_HD void topk_gating_backward_row(const acc_t* gw_K, const scalar_t* logits_E, const int64_t* ids_K,
-                                        int E, int K, bool renorm, scalar_t* glogits_E) {
-  acc_t mx, denom;
-  softmax_stats(logits_E, E, mx, denom);
+HINTRL_HD acc_t gating_grad_terms(const acc_t* gw_K, const scalar_t* logits_E, const int64_t* ids_K, int E, int K,
+                                  bool renorm, acc_t mx, acc_t denom, acc_t* dp_K) {
   acc_t psum = 0, gw_dot_w = 0;
   for (int k = 0; k < K; ++k) psum += prob_at(logits_E, E, ids_K[k], mx, denom);
   if (renorm)
     for (int k = 0; k < K; ++k)
       gw_dot_w += gw_K[k] * prob_at(logits_E, E, ids_K[k], mx, denom) / psum;
-  // c = sum_k dp_k p[id_k]
   acc_t c = 0;
   for (int k = 0; k < K; ++k) {
-    acc_t p = prob_at(logits_E, E, ids_K[k], mx, denom);
-    acc_t dp = renorm ? (gw_K[k] - gw_dot_w) / psum : gw_K[k];
-    c += dp * p;
+    dp_K[k] = renorm ? (gw_K[k] - gw_dot_w) / psum : gw_K[k];
+    c += dp_K[k] * prob_at(logits_E, E, ids_K[k], mx, denom);
   }
-  for (int e = 0; e < E; ++e) {
+  return c;
+}
+
+// dL/dl_e for the experts of a part.
+template <typename scalar_t, typename acc_t>
+HINTRL_HD void part_gating_grad(const scalar_t* logits_E, const int64_t* ids_K, const acc_t* dp_K, int first,
+                                int step, int E, int K, acc_t mx, acc_t denom, acc_t c, scalar_t* glogits_E) {
+  for (int e = first; e < E; e += step) {
     acc_t p = exp_acc(cvt<acc_t>(logits_E[e]) - mx) / denom;
     acc_t g = -c;
     for (int k = 0; k < K; ++k)
-      if (ids_K[k] == e) g += renorm ? (gw_K[k] - gw_dot_w) / psum : gw_K[k];
+      if (ids_K[k] == e) g += dp_K[k];
     glogits_E[e] = cvt<scalar_t>(p * g);
   }
+}
+
+// K is at most this in the backward's per-row scratch (dp_K): the routers here use K <= 16.
+constexpr int kMaxTopK = 32;
+
+template <typename scalar_t, typename acc_t>
+HINTRL_HD void topk_gating_backward_row(const acc_t* gw_K, const scalar_t* logits_E, const int64_t* ids_K,
+                                        int E, int K, bool renorm, scalar_t* glogits_E) {
+  acc_t mx, denom, dp_K[kMaxTopK];
+  softmax_stats(logits_E, E, mx, denom);
+  const acc_t c = gating_grad_terms(gw_K, logits_E, ids_K, E, K, renorm, mx, denom, dp_K);
+  part_gating_grad(logits_E, ids_K, dp_K, 0, 1, E, K, mx, denom, c, glogits_E);
 }
 
 // Counting sort in three data-parallel passes over chunks of slots; hist_CE is row-major [C][E] and

@@ -45,6 +45,7 @@ std::tuple<at::Tensor, at::Tensor> topk_gating_cpu(const at::Tensor& logits_TE, 
   check_cpu(logits_TE, "topk_gating");
   const int64_t T = logits_TE.size(0), E = logits_TE.size(1);
   TORCH_CHECK(k >= 1 && k <= E, "topk_gating: need 1 <= k <= E, got k=", k, " E=", E);
+  TORCH_CHECK(k <= kMaxTopK, "topk_gating: k=", k, " is above the ", kMaxTopK, " slots per row the kernels hold");
   at::Tensor logits = logits_TE.contiguous();
   at::Tensor forced;
   if (forced_TK.has_value()) {
@@ -75,6 +76,7 @@ at::Tensor topk_gating_backward_cpu(const at::Tensor& grad_w_TK, const at::Tenso
   check_cpu(logits_TE, "topk_gating_backward");
   check_ids(ids_TK, "topk_gating_backward");
   const int64_t T = logits_TE.size(0), E = logits_TE.size(1), K = ids_TK.size(1);
+  TORCH_CHECK(K <= kMaxTopK, "topk_gating_backward: k=", K, " is above the ", kMaxTopK, " slots per row the kernels hold");
   at::Tensor logits = logits_TE.contiguous(), ids = ids_TK.contiguous();
   at::Tensor gw = grad_w_TK.to(acc_type(logits.scalar_type())).contiguous();
   auto glogits_TE = at::empty_like(logits);

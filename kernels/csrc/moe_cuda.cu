@@ -35,25 +35,79 @@ template <> struct Acc<double> { using type = double; };
 constexpr int kThreads = 256;
 int64_t blocks_for(int64_t n) { return (n + kThreads - 1) / kThreads; }
 
-// One thread per token row: E is at most a few hundred, and the row loop is the same code the CPU
-// runs, so a warp-per-row kernel is left for when profiling says gating matters.
+// Gating runs one warp per token row: the lanes read the row's logits side by side (coalesced),
+// each runs moe_core.h's pieces over its part of the row, and shuffles combine the parts: the
+// softmax's max and sum, then per slot the best-ranked expert (an exact selection, the same ids as
+// the CPU's; the sums differ from the CPU's by summation order only).
+template <typename acc_t>
+__device__ __forceinline__ acc_t warp_max(acc_t v) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const acc_t o = __shfl_xor_sync(0xffffffffu, v, offset);
+    v = o > v ? o : v;
+  }
+  return v;
+}
+
+template <typename acc_t>
+__device__ __forceinline__ acc_t warp_sum(acc_t v) {
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+template <typename scalar_t, typename acc_t>
+__device__ __forceinline__ void warp_softmax_stats(const scalar_t* row, int E, int lane, acc_t& mx, acc_t& denom) {
+  mx = warp_max(part_max<scalar_t, acc_t>(row, lane, 32, E));
+  denom = warp_sum(part_exp_sum<scalar_t, acc_t>(row, lane, 32, E, mx));
+}
+
 template <typename scalar_t>
 __global__ void topk_gating_kernel(const scalar_t* logits, int64_t T, int E, int K, bool renorm,
                                    const int64_t* forced, typename Acc<scalar_t>::type* w, int64_t* ids) {
-  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (t >= T) return;
-  topk_gating_row<scalar_t, typename Acc<scalar_t>::type>(logits + t * E, E, K, renorm,
-                                                          forced ? forced + t * K : nullptr, w + t * K, ids + t * K);
+  using acc_t = typename Acc<scalar_t>::type;
+  const int64_t t = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (t >= T) return;                      // a whole warp: t is the same on all its lanes
+  const scalar_t* row = logits + t * E;
+  acc_t mx, denom;
+  warp_softmax_stats(row, E, lane, mx, denom);
+  int prev = -1;
+  acc_t prev_v = 0;
+  for (int k = 0; k < K; ++k) {
+    int64_t id;
+    if (forced != nullptr) {
+      id = forced[t * K + k];
+    } else {
+      int best;
+      acc_t best_v;
+      part_best_after<scalar_t, acc_t>(row, lane, 32, E, prev, prev_v, best, best_v);
+      for (int offset = 16; offset > 0; offset /= 2) {
+        const int other = __shfl_xor_sync(0xffffffffu, best, offset);
+        const acc_t other_v = __shfl_xor_sync(0xffffffffu, best_v, offset);
+        if (other >= 0 && (best < 0 || ranks_before(other_v, other, best_v, best))) { best = other; best_v = other_v; }
+      }
+      prev = best;                         // every lane now holds the row's best
+      prev_v = best_v;
+      id = best;
+    }
+    if (lane == 0) write_slot(row, E, id, mx, denom, w + t * K + k, ids + t * K + k);
+  }
+  if (lane == 0 && renorm) renormalise(w + t * K, K);
 }
 
 template <typename scalar_t>
 __global__ void topk_gating_backward_kernel(const typename Acc<scalar_t>::type* gw, const scalar_t* logits,
                                             const int64_t* ids, int64_t T, int E, int K, bool renorm,
                                             scalar_t* glogits) {
-  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  using acc_t = typename Acc<scalar_t>::type;
+  const int64_t t = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
   if (t >= T) return;
-  topk_gating_backward_row<scalar_t, typename Acc<scalar_t>::type>(gw + t * K, logits + t * E, ids + t * K, E, K,
-                                                                   renorm, glogits + t * E);
+  const scalar_t* row = logits + t * E;
+  acc_t mx, denom, dp_K[kMaxTopK];
+  warp_softmax_stats(row, E, lane, mx, denom);
+  // K terms, the same on every lane (K is small; the reads are the same few addresses)
+  const acc_t c = gating_grad_terms(gw + t * K, row, ids + t * K, E, K, renorm, mx, denom, dp_K);
+  part_gating_grad(row, ids + t * K, dp_K, lane, 32, E, K, mx, denom, c, glogits + t * E);
 }
 
 __global__ void histogram_kernel(const int64_t* ids, int64_t S, int64_t C, int E, int32_t* hist) {
@@ -213,7 +267,7 @@ __global__ void zero_uncovered_rows_kernel(const uint8_t* covered, int64_t P, in
 void launch_topk_gating(Dtype dt, const void* logits, int64_t T, int E, int K, bool renorm, const int64_t* forced,
                         void* w, int64_t* ids, cudaStream_t stream) {
   if (T == 0) return;
-  HINTRL_DISPATCH(dt, topk_gating_kernel<scalar_t><<<blocks_for(T), kThreads, 0, stream>>>(
+  HINTRL_DISPATCH(dt, topk_gating_kernel<scalar_t><<<blocks_for(T * 32), kThreads, 0, stream>>>(
                           static_cast<const scalar_t*>(logits), T, E, K, renorm, forced,
                           static_cast<typename Acc<scalar_t>::type*>(w), ids));
 }
@@ -221,7 +275,7 @@ void launch_topk_gating(Dtype dt, const void* logits, int64_t T, int E, int K, b
 void launch_topk_gating_backward(Dtype dt, const void* gw, const void* logits, const int64_t* ids, int64_t T, int E,
                                  int K, bool renorm, void* glogits, cudaStream_t stream) {
   if (T == 0) return;
-  HINTRL_DISPATCH(dt, topk_gating_backward_kernel<scalar_t><<<blocks_for(T), kThreads, 0, stream>>>(
+  HINTRL_DISPATCH(dt, topk_gating_backward_kernel<scalar_t><<<blocks_for(T * 32), kThreads, 0, stream>>>(
                           static_cast<const typename Acc<scalar_t>::type*>(gw), static_cast<const scalar_t*>(logits),
                           ids, T, E, K, renorm, static_cast<scalar_t*>(glogits)));
 }

@@ -43,6 +43,7 @@ std::tuple<at::Tensor, at::Tensor> topk_gating_cuda(const at::Tensor& logits_TE,
   const c10::cuda::CUDAGuard guard(logits_TE.device());
   const int64_t T = logits_TE.size(0), E = logits_TE.size(1);
   TORCH_CHECK(k >= 1 && k <= E, "hintrl::topk_gating: need 1 <= k <= E, got k=", k, " E=", E);
+  TORCH_CHECK(k <= kMaxTopK, "hintrl::topk_gating: k=", k, " is above the ", kMaxTopK, " slots per row the kernels hold");
   at::Tensor logits = logits_TE.contiguous(), forced;
   if (forced_TK.has_value()) {
     forced = forced_TK->contiguous();
@@ -63,6 +64,8 @@ at::Tensor topk_gating_backward_cuda(const at::Tensor& grad_w_TK, const at::Tens
   check_cuda(logits_TE, "topk_gating_backward", "logits");
   check_cuda(ids_TK, "topk_gating_backward", "ids");
   check_ids(ids_TK, "topk_gating_backward");
+  TORCH_CHECK(ids_TK.size(1) <= kMaxTopK, "hintrl::topk_gating_backward: k=", ids_TK.size(1), " is above the ",
+              kMaxTopK, " slots per row the kernels hold");
   const c10::cuda::CUDAGuard guard(logits_TE.device());
   at::Tensor logits = logits_TE.contiguous(), ids = ids_TK.contiguous();
   at::Tensor gw = grad_w_TK.to(acc_type(logits.scalar_type())).contiguous();
