@@ -1,13 +1,16 @@
 """Two CPU ranks (gloo) through the real CLI and launcher: ZeRO stages agree with ZeRO-0, resume is
 bit-identical at ZeRO-3, and a ZeRO-3 checkpoint exports to the same model as a ZeRO-0 one."""
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import CHILD_PYTHONPATH, TINY, TINY_RUN, run_cli
+from conftest import CHILD_PYTHONPATH, ROOT, TINY, TINY_RUN, run_cli
 
 pytestmark = pytest.mark.slow   # every test here launches two ranks (torchrun), most of them whole runs
 
@@ -66,6 +69,28 @@ def test_zero_stage_matches_zero0(two_rank_run, stage):
     # that also generated: only the former's rounding differs from rollout's and can flip a routing tie.
     assert_close_runs(metrics_of(ref_dir), metrics_of(run_dir),
                       skip=("router/replay_mismatch",) if stage == 3 else ())
+
+
+def test_two_loopback_nodes_equal_one_node_of_two_ranks(two_rank_run, tmp_path):
+    """launcher.nnodes=2 (torchrun's rendezvous, README "Scale out"): two nodes of one rank each, both
+    on 127.0.0.1 and writing one shared run folder, make the same run as one node of two ranks."""
+    from rl.distributed import free_port
+
+    ref_dir, _ = two_rank_run("z2", "deepspeed.zero_stage=2")
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=CHILD_PYTHONPATH, OMP_NUM_THREADS="1")
+    nodes = [subprocess.Popen([sys.executable, "-m", "rl.train", "experiments/default", *TWO_RANKS,
+                               "deepspeed.zero_stage=2", "launcher.nproc_per_node=1", "launcher.nnodes=2",
+                               f"launcher.node_rank={rank}", "launcher.master_addr=127.0.0.1",
+                               f"launcher.master_port={port}", f"output_dir={tmp_path}", "run_name=nodes"],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank in (0, 1)]
+    outputs = [node.communicate(timeout=900)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    assert "--nnodes=2 --node_rank=1" in outputs[1]
+    run_dir = tmp_path / "default" / "nodes"
+    assert metrics_of(run_dir) == metrics_of(ref_dir)
+    assert (run_dir / "rollouts.jsonl").read_text() == (ref_dir / "rollouts.jsonl").read_text()
 
 
 def assert_resume_is_bit_identical(two_rank_run, name: str, *extra: str):
@@ -168,11 +193,6 @@ def test_a_pretrained_student_with_its_own_tokenizer_trains_sharded(two_rank_run
 
 
 def test_launcher_rank_count_must_match_the_config(tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    from conftest import ROOT
     env = dict(os.environ, PYTHONPATH=CHILD_PYTHONPATH, OMP_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                           "--master_port=0", "-m", "rl.train", "experiments/default", *TINY,
