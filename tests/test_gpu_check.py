@@ -41,18 +41,23 @@ def test_the_gpu_check_dry_run_names_a_missing_input(tmp_path):
     assert "kernel_tests: missing input tests/test_kernels_cuda.py" in out.stderr
 
 
-def test_the_gpu_check_packs_every_result_after_each_step(tmp_path):
-    """One step run for real against a stand-in nvidia-smi (it fails here: no CUDA): the failure is
-    in summary.md, and gpu-check.tar.gz holds the step's log and the summary."""
-    import tarfile
-
+def _fake_gpu_path(tmp_path) -> str:
+    """PATH with a stand-in nvidia-smi first, which names an H200 (the check's steps then run here)."""
     fake = tmp_path / "bin"
     fake.mkdir()
     smi = fake / "nvidia-smi"
     smi.write_text("#!/bin/sh\necho 'NVIDIA H200'\n")
     smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    return f"{fake}:{os.environ['PATH']}"
+
+
+def test_the_gpu_check_packs_every_result_after_each_step(tmp_path):
+    """One step run for real against a stand-in nvidia-smi (it fails here: no CUDA): the failure is
+    in summary.md, and gpu-check.tar.gz holds the step's log and the summary."""
+    import tarfile
+
     out_dir = tmp_path / "out"
-    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", OUT=str(out_dir), GPU_CHECK_STEPS="moe_bench")
+    env = dict(os.environ, PATH=_fake_gpu_path(tmp_path), OUT=str(out_dir), GPU_CHECK_STEPS="moe_bench")
     out = _run(["bash", "scripts/gpu_check.sh"], env=env)
     assert out.returncode == 0, out.stderr
     assert "| moe_bench | failed (1) |" in (out_dir / "summary.md").read_text()
@@ -64,14 +69,9 @@ def test_the_gpu_check_packs_every_result_after_each_step(tmp_path):
 def test_the_gpu_check_skips_vllm_with_its_reason_where_it_cannot_be_installed(tmp_path):
     """A GPU machine without network and without .venv-vllm: the vllm step says why it did not run
     (summary "skipped: ...") instead of failing in pip."""
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    smi = fake / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho 'NVIDIA H200'\n")
-    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
     out_dir = tmp_path / "out"
     dead = "http://127.0.0.1:9"          # no network: every request is refused at once
-    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", OUT=str(out_dir), GPU_CHECK_STEPS="vllm",
+    env = dict(os.environ, PATH=_fake_gpu_path(tmp_path), OUT=str(out_dir), GPU_CHECK_STEPS="vllm",
                HINTRL_VLLM_VENV=str(tmp_path / "no-venv"), https_proxy=dead, HTTPS_PROXY=dead)
     out = _run(["bash", "scripts/gpu_check.sh"], env=env)
     assert out.returncode == 0, out.stderr
