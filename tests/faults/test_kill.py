@@ -1,5 +1,5 @@
-"""kill -9 at random moments, inside checkpoint writes and on one rank of a two-rank ZeRO-3 run:
-every resume ends with metrics.jsonl and rollouts.jsonl equal to an uninterrupted run's.
+"""kill -9 at random moments, inside checkpoint writes, on one rank of a two-rank ZeRO-3 run and on
+one node of a two-node one: every resume ends with metrics.jsonl and rollouts.jsonl equal to an uninterrupted run's.
 
 Each chain is one run killed again and again: a segment starts (fresh or resume=true), dies by
 SIGKILL, and the next segment resumes it, until one finishes. Moments come from a seeded RNG:
@@ -205,4 +205,39 @@ def test_kills_of_one_rank_of_a_two_rank_zero3_run(tmp_path, references, record)
     _run_until_killed(chain.start(point), point, chain)
     chain.finish()
     assert len(chain.kills) == 4
+    _judge(chain, references["two"], record, ranks=2)
+
+
+def _two_nodes(base: Path, kill_at: str, resume: bool) -> list[subprocess.Popen]:
+    """The ZeRO-3 run as two torchrun nodes of one rank each on 127.0.0.1 (a fresh port per
+    segment: the last one's may still be held); node 1 gets the failpoint."""
+    from rl.distributed import free_port
+
+    port = free_port()
+    return [subprocess.Popen(
+        [sys.executable, "-m", "rl.train", "experiments/default", *RUN, *TWO_RANKS, "launcher.nproc_per_node=1",
+         "launcher.nnodes=2", f"launcher.node_rank={node}", "launcher.master_addr=127.0.0.1",
+         f"launcher.master_port={port}", f"output_dir={base}", "run_name=nodes", *(["resume=true"] if resume else [])],
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=CHILD_PYTHONPATH, OMP_NUM_THREADS="1",
+                           HINTRL_KILL_AT=kill_at if node == 1 else "", HINTRL_FAULT_TRIAL="nodes"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
+
+
+def test_kill_of_one_nodes_rank_in_a_two_node_run(tmp_path, references, record):
+    """Node 1's rank dies by SIGKILL inside a save; node 0's stops with it rather than hang; both
+    nodes resume, and the run equals the one-node two-rank one."""
+    chain = Chain(tmp_path, "nodes", TWO_RANKS, "nodes")
+    point = "checkpoint.after_deepspeed@4#1"
+    nodes = _two_nodes(tmp_path, point, resume=False)
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    assert all(node.returncode != 0 for node in nodes), outputs[0][-2000:] + outputs[1][-2000:]
+    ckpt = chain.run_dir / "checkpoints"
+    assert all(verify(ckpt / tag) is None for tag in list_tags(ckpt))
+    assert _resume_point(chain) == 2          # the save at step 4 died before its manifest
+    logged = max((m["step"] for m in _lines(chain.run_dir / "metrics.jsonl")), default=-1)
+    chain.kills.append({"where": f"{point}, node 1 of 2", "logged_step": logged, "resumes_at": 2,
+                        "steps_lost": max(0, logged - 2)})
+    nodes = _two_nodes(tmp_path, "", resume=True)
+    outputs = [node.communicate(timeout=600)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     _judge(chain, references["two"], record, ranks=2)
