@@ -119,9 +119,9 @@ __global__ void histogram_kernel(const int64_t* ids, int64_t S, int64_t C, int E
 }
 
 // Pass 2a, one block per expert, parallel over the chunks: a block-wide exclusive scan of the
-// expert's column of hist_CE, kThreads chunks at a time with the running total carried over (the
-// first version walked all C chunks in one thread per expert: 2,048 serial steps at the Qwen3-30B-A3B
-// shape). Same result as moe_core.h's expert_prefix, which the CPU runs.
+// expert's column of hist_CE, kThreads chunks at a time with the running total carried over, rather
+// than one thread walking all C chunks (2,048 serial steps at the Qwen3-30B-A3B shape). Same result
+// as moe_core.h's expert_prefix, which the CPU runs.
 __global__ void prefix_kernel(int32_t* hist, int64_t C, int E, int32_t* counts) {
   using Scan = cub::BlockScan<int32_t, kThreads>;
   __shared__ typename Scan::TempStorage scratch;
