@@ -33,6 +33,9 @@ else:
                                 "nvcc is found via CUDA_HOME")
 
 OPS = ("topk_gating", "expert_counts", "permute", "unpermute_combine", "grouped_mm")
+# The gating kernels keep a row's K slot terms in registers (kMaxTopK in csrc/moe_core.h); a router
+# with more slots takes the reference.
+KERNEL_MAX_TOP_K = 32
 
 
 def backend(device_type: str) -> tuple[str, str]:
@@ -55,7 +58,7 @@ def topk_gating(logits_TE: torch.Tensor, k: int, renorm: bool = True,
     """Router logits -> (weights_TK fp32, ids_TK int64); see reference.topk_gating."""
     if forced_ids_TK is not None:
         forced_ids_TK = forced_ids_TK.to(device=logits_TE.device, dtype=torch.long)
-    if not _compiled(logits_TE):
+    if not _compiled(logits_TE) or k > KERNEL_MAX_TOP_K:
         return reference.topk_gating(logits_TE, k, renorm, forced_ids_TK)
     return torch.ops.hintrl.topk_gating(logits_TE, k, renorm, forced_ids_TK)
 
