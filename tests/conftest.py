@@ -19,6 +19,14 @@ TINY = [
 ]
 
 
+def pytest_report_header(config):
+    """Free disk where the tests write, so a run that fails with "the disk is full" says it up front."""
+    import shutil
+    import tempfile
+    free = {where: shutil.disk_usage(where).free / 2**30 for where in (tempfile.gettempdir(), str(ROOT))}
+    return "disk free: " + ", ".join(f"{where} {gib:.1f} GiB" for where, gib in free.items())
+
+
 # A single-process Trainer in the test process sets these for DeepSpeed (rl/engine.py); a CLI run
 # started afterwards would inherit them and take itself for a rank of that finished process group.
 _PROCESS_GROUP_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
