@@ -64,10 +64,15 @@ def _run(cmd: list[str], env: dict | None = None, timeout: int = 120) -> subproc
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+def _child_env(first: Path = ROOT) -> dict[str, str]:
+    """This environment with `first` ahead of any PYTHONPATH given, empty parts left out."""
+    parts = [str(first), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(parts))
+
+
 def probe(pythonpath: Path = ROOT) -> tuple[bool, str]:
     """(raised, what happened) for the probe run in a child with `pythonpath` first."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(pythonpath), os.environ.get("PYTHONPATH", "")]))
-    out = _run([sys.executable, "-X", "faulthandler", "-c", PROBE], env=env)
+    out = _run([sys.executable, "-X", "faulthandler", "-c", PROBE], env=_child_env(pythonpath))
     if out.returncode < 0:
         name = signal.Signals(-out.returncode).name
         return False, f"died with {name}\n{_tail(out.stderr, 25)}" + _backtrace(env)
@@ -118,8 +123,7 @@ def linkage() -> str:
         lines += [f"    {link}" for link in _links(lib)]
     bundled = sorted(p.name for p in torch_lib.glob("lib*") if re.match(r"lib(gomp|iomp5|stdc\+\+)", p.name))
     lines.append(f"runtimes bundled with torch: {bundled or 'none'}")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    loaded = _run([sys.executable, "-c", LOADED], env=env)
+    loaded = _run([sys.executable, "-c", LOADED], env=_child_env())
     libs = loaded.stdout.split() if loaded.returncode == 0 else [f"(failed: {_tail(loaded.stderr, 3)})"]
     lines.append("loaded by a process importing torch and kernels:")
     lines += [f"    {lib}" for lib in libs]

@@ -79,6 +79,23 @@ def test_a_family_is_refused_a_path_its_registry_entry_does_not_offer(tmp_path):
                                       "launcher.nproc_per_node=2"])
 
 
+def test_a_family_registered_without_expert_parallelism_is_refused_sharded_experts(tmp_path, monkeypatch):
+    """Every family here shards its experts; one registered from outside (as a researcher adds a
+    family) may not, and then deepspeed.expert_parallel_size > 1 is refused by name."""
+    from dataclasses import replace
+
+    from student import STUDENT_FAMILIES
+
+    monkeypatch.setattr(STUDENT_FAMILIES, "_entries", dict(STUDENT_FAMILIES._entries))  # undone after
+    STUDENT_FAMILIES.register("mixtral_unsharded", replace(STUDENT_FAMILIES["mixtral"], expert_parallel=False))
+    sharded = ["deepspeed.expert_parallel_size=2", "deepspeed.zero_stage=2", "launcher.nproc_per_node=2"]
+    with pytest.raises(ConfigError, match=r"deepspeed.expert_parallel_size=2: student.arch=mixtral_unsharded, "
+                                          r"whose experts are not sharded; set it to 1"):
+        load_config(write(tmp_path, ""), ["student.arch=mixtral_unsharded", *sharded])
+    load_config(write(tmp_path, ""), ["student.arch=mixtral_unsharded"])
+    load_config(write(tmp_path, ""), ["student.arch=mixtral", *sharded])
+
+
 def test_resolved_config_round_trips(tmp_path):
     cfg = load_config(ROOT / "experiments/default", ["seed=3"])
     (tmp_path / "config.yaml").write_text(to_yaml(cfg))
