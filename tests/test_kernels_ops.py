@@ -241,10 +241,14 @@ def test_gating_with_more_slots_than_the_kernels_hold_takes_the_reference():
     with pytest.raises(RuntimeError, match="k=33 is above the 32 slots per row"):
         torch.ops.hintrl.topk_gating(logits.detach(), 33, True, None)
     w, ids = ops.topk_gating(logits, 33, True)
-    w_ref, ids_ref = ref.topk_gating(logits, 33, True)
+    logits_ref = logits.detach().clone().requires_grad_()
+    w_ref, ids_ref = ref.topk_gating(logits_ref, 33, True)
     assert torch.equal(ids, ids_ref) and torch.equal(w, w_ref)
-    w.sum().backward()
-    assert logits.grad is not None
+    upstream = torch.randn_like(w)          # not ones: renormalised weights sum to 1, whose gradient is 0
+    (w * upstream).sum().backward()
+    (w_ref * upstream).sum().backward()
+    assert logits.grad.abs().max() > 1e-3
+    torch.testing.assert_close(logits.grad, logits_ref.grad)
 
 
 def test_permute_rejects_offsets_of_other_ids():
