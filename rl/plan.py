@@ -10,13 +10,13 @@ whole. Per rank, with P parameters, N ranks, L = dense + experts / ep parameters
 training dtype's bytes (4 fp32, 2 bf16):
 
     parameters      b·L; ZeRO-3: b·(small + rest / N)
-    gradients       ZeRO-0: b·L (and a 4·L fp32 accumulator in bf16); ZeRO-1/2/3: each rank keeps
-                    its fp32 partition, 4·P/N (with experts: a partition of their own group)
+    gradients       ZeRO-0: b·L; ZeRO-1/2/3: each rank keeps its partition, b·P/N (experts: a
+                    partition of their own group, which comes to the same share)
     optimizer       AdamW's two fp32 moments, 8·L at ZeRO-0, 8·P/N above; DeepSpeed's fp32 master
                     partition, 4·P/N at ZeRO 1-3 (it keeps one in fp32 training too) and 4·L in
                     bf16 at ZeRO-0; `offload_optimizer` moves all of it to host memory
-    reduce buffer   DeepSpeed's `reduce_bucket_size` (5e8 elements) in fp32, whatever the model's
-                    size: held from the start at ZeRO-3, during the backward at ZeRO-1/2
+    reduce buffer   DeepSpeed's `reduce_bucket_size` (5e8 elements) in the training dtype, whatever
+                    the model's size: held from the start at ZeRO-3, during the backward at ZeRO-1/2
     rollout copy    ZeRO-3 or expert parallelism: a full model in the student's dtype that generates
                     and scores (rl/rollout_model.py); a vLLM engine instead holds its own weights
                     and `rollout.vllm.kv_cache_gb`
@@ -152,15 +152,14 @@ def model_state_lines(m: ModelShape, cfg: RunConfig, world: int, layout: Layout)
     else:
         lines.append(Line("parameters", b * local, "gpu", _count(local) + (f" (experts / {ep})" if ep > 1 else "")))
     if zero == 0:
-        lines.append(Line("gradients", b * local + (4 * local if b == 2 else 0), "gpu",
-                          "and an fp32 accumulator" if b == 2 else "whole"))
+        lines.append(Line("gradients", b * local, "gpu", "whole"))
         lines.append(Line("optimizer", 8 * local + (4 * local if b == 2 else 0), "gpu",
                           "AdamW moments" + (" and fp32 master" if b == 2 else "")))
     else:
-        lines.append(Line("gradients", 4 * share, "gpu", f"fp32 partition, 1/{world}"))
+        lines.append(Line("gradients", b * share, "gpu", f"partition, 1/{world}"))
         lines.append(Line("optimizer", 12 * share, moved, f"fp32 master and AdamW moments, 1/{world}"))
-        lines.append(Line("reduce buffer", 4 * DEEPSPEED_REDUCE_BUCKET, "gpu",
-                          "DeepSpeed's reduce_bucket_size, fp32" + ("" if zero == 3 else ", during the backward"),
+        lines.append(Line("reduce buffer", b * DEEPSPEED_REDUCE_BUCKET, "gpu",
+                          "DeepSpeed's reduce_bucket_size" + ("" if zero == 3 else ", during the backward"),
                           held=zero == 3))
     return lines
 

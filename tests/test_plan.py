@@ -47,19 +47,25 @@ def _assert_states(overrides: list[str], ranks: int, out_dir) -> None:
         assert abs(rank["in_backward"] - in_backward) <= STATES_TOLERANCE * in_backward, (rank, in_backward)
 
 
+BF16 = ["deepspeed.dtype=bf16", "student.dtype=bfloat16"]
+
+
 @pytest.mark.slow     # each builds DeepSpeed in a fresh process: ~13 s
-@pytest.mark.parametrize("stage", [0, 2, 3])
-def test_the_planned_model_states_are_what_one_ranks_engine_holds(stage, tmp_path):
-    """ZeRO-0: parameters, gradients and AdamW's moments (16 bytes a parameter); ZeRO-2 adds the
-    fp32 master partition and DeepSpeed's 2 GB reduce bucket during the backward; ZeRO-3 holds that
-    bucket from the start."""
-    _assert_states([f"deepspeed.zero_stage={stage}"], 1, tmp_path)
+@pytest.mark.parametrize("stage, dtype", [(0, []), (2, []), (3, []), (0, BF16), (2, BF16)],
+                         ids=["zero0", "zero2", "zero3", "zero0-bf16", "zero2-bf16"])
+def test_the_planned_model_states_are_what_one_ranks_engine_holds(stage, dtype, tmp_path):
+    """fp32 ZeRO-0: parameters, gradients and AdamW's moments (16 bytes a parameter); ZeRO-2 adds
+    the fp32 master partition and DeepSpeed's reduce bucket (2 GB in fp32, 1 GB in bf16) during the
+    backward; ZeRO-3 holds that bucket from the start. bf16: 2-byte parameters and gradients, an
+    fp32 master copy at every stage."""
+    _assert_states([f"deepspeed.zero_stage={stage}", *dtype], 1, tmp_path)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", [["deepspeed.zero_stage=2"], ["deepspeed.zero_stage=3"],
-                                    ["deepspeed.zero_stage=2", "deepspeed.expert_parallel_size=2"]],
-                         ids=["zero2", "zero3", "zero2-ep2"])
+                                    ["deepspeed.zero_stage=2", "deepspeed.expert_parallel_size=2"],
+                                    ["deepspeed.zero_stage=2", *BF16]],
+                         ids=["zero2", "zero3", "zero2-ep2", "zero2-bf16"])
 def test_the_planned_model_states_are_what_each_of_two_ranks_holds(layout, tmp_path):
     _assert_states(layout, 2, tmp_path)
 
