@@ -38,7 +38,6 @@ fits, in that order of cost, is printed as overrides.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from dataclasses import dataclass
 
@@ -99,7 +98,7 @@ def model_shape(cfg: RunConfig) -> ModelShape:
         kv_heads=getattr(text, "num_key_value_heads", None) or heads,
         head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
         experts=getattr(text, "num_experts", None) or text.num_local_experts,
-        top_k=getattr(text, "num_experts_per_tok"),
+        top_k=text.num_experts_per_tok,
         expert_width=getattr(text, "moe_intermediate_size", None) or text.intermediate_size,
         vocab=text.vocab_size)
 
@@ -316,7 +315,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--gpus, --nodes and --prompt-tokens must be >= 1")
     from rl.configure import load_config
 
-    world = args.gpus * args.nodes
     try:
         # The ranks the plan is for; a multi-node config must name a port, which planning never binds.
         ranks = [f"launcher.nproc_per_node={args.gpus}", f"launcher.nnodes={args.nodes}"]
@@ -325,11 +323,6 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.experiment, [*args.overrides, *ranks])
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
-        return 2
-    rows = cfg.rollout.prompts_per_step * cfg.rollout.attempts_per_prompt
-    if rows % world:
-        print(f"config error: rollout.prompts_per_step x attempts_per_prompt = {rows} rows do not split over "
-              f"{world} ranks", file=sys.stderr)
         return 2
     prompt_tokens = args.prompt_tokens
     if prompt_tokens is None:
