@@ -125,12 +125,13 @@ def _plan_cli(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
-def test_the_command_plans_the_default_experiment_and_names_a_bad_gpu():
-    out = _plan_cli("experiments/default", "--gpus", "1", "--gpu", "h100")
-    assert out.returncode == 0, out.stderr
-    assert ": fits" in out.stdout and "the configured layout is the cheapest that fits" in out.stdout
-    out = _plan_cli("experiments/default", "--gpus", "1", "--gpu", "k80")
-    assert out.returncode == 2 and "--gpu 'k80' is unknown; choose one of" in out.stderr
+def test_the_command_plans_the_default_experiment_and_names_a_bad_gpu(capsys):
+    assert plan.main(["experiments/default", "--gpus", "1", "--gpu", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert ": fits" in out and "the configured layout is the cheapest that fits" in out
+    with pytest.raises(SystemExit) as stopped:
+        plan.main(["experiments/default", "--gpus", "1", "--gpu", "k80"])
+    assert stopped.value.code == 2 and "--gpu 'k80' is unknown; choose one of" in capsys.readouterr().err
 
 
 @pytest.mark.slow     # ~8 s each: a 30B model built on the meta device
