@@ -6,8 +6,21 @@ go nowhere and the tests run as any others (the slow tier of scripts/test.sh).
 """
 import json
 import os
+import re
+import tempfile
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# A record is committed (benchmarks/results/faults-trials.jsonl): no path of the machine it ran on.
+_TEMPORARY = re.compile(re.escape(tempfile.gettempdir()) + r"/[^'\"\s:]*")
+
+
+def portable(text: str) -> str:
+    """`text` with paths in the checkout relative to it and temporary paths as <tmp> (the checkout
+    first: it may itself lie under the temporary folder)."""
+    return _TEMPORARY.sub("<tmp>", text.replace(f"{ROOT}/", ""))
 
 
 @pytest.fixture
@@ -20,6 +33,6 @@ def record(request):
     def write(suite: str, outcome: str, **details):
         if path:
             with open(path, "a") as f:
-                f.write(json.dumps({"suite": suite, "outcome": outcome, "test": request.node.name,
-                                    **details}) + "\n")
+                f.write(portable(json.dumps({"suite": suite, "outcome": outcome, "test": request.node.name,
+                                             **details})) + "\n")
     return write
